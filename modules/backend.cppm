@@ -1,0 +1,77 @@
+// compcntr:backend -- the device interface every backend implements, and the device core.
+//
+// A device = one backend (soft, verbs, ...) + one slot pool + a reference count. The C++
+// compcntr::device handle holds one reference; every live object created from the device
+// (counter, QP, cmd_comp, ...) holds one more, so a device never dies under its objects.
+module;
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+export module compcntr:backend;
+import :slot;
+import :pool;
+import :types;
+import :error;
+
+export namespace compcntr::detail {
+
+class backend {
+ public:
+  virtual ~backend() = default;
+  /// Device name as given to open ("soft", "mlx5_0", ...).
+  virtual std::string_view name() const noexcept = 0;
+  /// max_value and supported_qp_attach_ops of this device; max_counters is the pool's.
+  virtual counter_caps caps() const noexcept = 0;
+  /// ENOTSUP (with a message) if the device cannot count `type`.
+  virtual std::error_code check_type(counter_type type) const noexcept;
+  /// Called once a slot is assigned to a new counter: native backends create the hardware
+  /// counter here and set s.hw / s.backend_data. Failure undoes nothing of the slot (the caller
+  /// releases it).
+  virtual std::error_code bind_counter(slot& s) noexcept;
+  /// Called when the counter is destroyed, before its slot returns to the pool.
+  virtual void unbind_counter(slot& s) noexcept;
+};
+
+class device_core {
+ public:
+  device_core(std::unique_ptr<backend> be, std::uint32_t max_counters) noexcept
+      : backend_(std::move(be)), pool_(max_counters) {}
+
+  backend& be() noexcept { return *backend_; }
+  const backend& be() const noexcept { return *backend_; }
+  slot_pool& pool() noexcept { return pool_; }
+  const slot_pool& pool() const noexcept { return pool_; }
+
+  /// Memory ordering: retain is relaxed (the caller already holds a reference); release is
+  /// acq_rel so the last releaser sees every write made under every reference before deleting.
+  void retain() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() noexcept {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+  /// Drops the caller's (sole) reference; EBUSY if objects of the device are still alive.
+  std::error_code close() noexcept;
+  std::uint32_t refs() const noexcept { return refs_.load(std::memory_order_acquire); }
+
+ private:
+  ~device_core() = default;
+  std::unique_ptr<backend> backend_;
+  slot_pool pool_;
+  std::atomic<std::uint32_t> refs_{1};
+};
+
+/// Opens the backend for `name` (see compcntr::device::open). Defined in src/device.cpp.
+std::unique_ptr<backend> open_backend(std::string_view name, std::error_code& ec) noexcept;
+/// The software device (src/soft/).
+std::unique_ptr<backend> make_soft_backend() noexcept;
+/// Opens verbs device `name`, or with an empty name the first one that opens (src/verbs/).
+/// nullptr and ENODEV (with a message naming what was found) when there is none.
+std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_code& ec) noexcept;
+/// Pool capacity for a device being opened: COMPCNTR_MAX_COUNTERS if set (EINVAL if it is not a
+/// number in 1..slot_pool::max_capacity), else default_max_counters.
+std::error_code max_counters_from_env(std::uint32_t& out) noexcept;
+inline constexpr std::uint32_t default_max_counters = 1u << 20;
+
+}  // namespace compcntr::detail

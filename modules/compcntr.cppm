@@ -1,0 +1,19 @@
+// The compcntr module: lock-free completion counters for HPC runtimes.
+//
+//     import compcntr;
+//     std::error_code ec;
+//     auto dev = compcntr::device::open("soft", ec);
+//     auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
+//     c.add();
+//
+// Partitions, bottom up: cache_padded, error, types, slot (memory ordering), pool (where slots
+// live), backend (device interface), counter, device. See docs/architecture.md.
+export module compcntr;
+export import :cache_padded;
+export import :error;
+export import :types;
+export import :slot;
+export import :pool;
+export import :backend;
+export import :counter;
+export import :device;

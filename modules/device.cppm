@@ -1,0 +1,76 @@
+// compcntr:device -- an opened device (software or RDMA), the factory of counters.
+//
+// Purpose: one handle per opened device; counters (and, in later layers, QPs and command
+// completions) are created from it.
+// Requirements: move-only. Creating objects from one device in many threads at once is allowed.
+// Guarantees:
+//   * open("soft") always works; open("auto") (or an empty name) picks a native RDMA device that
+//     opens, else "soft"; any other name is a verbs device name, ENODEV if absent.
+//   * the device outlives every object created from it: the handle's destructor releases the
+//     handle's reference and the device is freed with its last object. close(ec) is the checked
+//     form: EBUSY while objects live, and the handle stays valid.
+// Example:
+//     std::error_code ec;
+//     auto dev = compcntr::device::open("auto", ec);        // "soft" on a machine without RDMA
+//     auto c = dev.create_counter(compcntr::counter_type::bytes, ec);
+module;
+#include <cstdint>
+#include <string_view>
+#include <system_error>
+#include <utility>
+export module compcntr:device;
+import :counter;
+import :backend;
+import :types;
+import :error;
+
+export namespace compcntr {
+
+class device {
+ public:
+  device() noexcept = default;
+  device(device&& o) noexcept : core_(std::exchange(o.core_, nullptr)) {}
+  device& operator=(device&& o) noexcept {
+    if (this != &o) {
+      if (core_) core_->release();
+      core_ = std::exchange(o.core_, nullptr);
+    }
+    return *this;
+  }
+  device(const device&) = delete;
+  device& operator=(const device&) = delete;
+  ~device() {
+    if (core_) core_->release();
+  }
+
+  /// Opens `name`: "soft", "auto" / "" (native if one works, else soft), or a verbs device name.
+  /// On failure returns an empty device and sets ec (ENODEV: no such device).
+  static device open(std::string_view name, std::error_code& ec) noexcept;
+
+  explicit operator bool() const noexcept { return core_ != nullptr; }
+  std::string_view name() const noexcept { return core_->be().name(); }
+  /// max_value, max_counters and supported_qp_attach_ops of this device.
+  counter_caps caps() const noexcept;
+
+  /// Creates a counter; on failure returns an empty counter and sets ec:
+  /// EINVAL (unknown type, numa_node that does not exist), ENOTSUP (type not supported by the
+  /// device), ENOMEM (max_counters live counters already).
+  counter create_counter(const counter_options& opts, std::error_code& ec) noexcept;
+  counter create_counter(counter_type type, std::error_code& ec) noexcept {
+    return create_counter(counter_options{.type = type}, ec);
+  }
+
+  /// Closes the device now: EBUSY (and nothing changes) while objects of it live.
+  void close(std::error_code& ec) noexcept;
+
+  /// Live counters of this device.
+  std::uint32_t live_counters() const noexcept { return core_->pool().live(); }
+
+  detail::device_core* core() const noexcept { return core_; }
+
+ private:
+  explicit device(detail::device_core* c) noexcept : core_(c) {}
+  detail::device_core* core_ = nullptr;
+};
+
+}  // namespace compcntr

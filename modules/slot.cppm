@@ -1,0 +1,134 @@
+// compcntr:slot -- one counter's memory, and every memory-ordering rule of the library.
+//
+// Purpose: the slot is the "mirror" of a completion counter: the single place where readers,
+// waiters and pollers look. Software completions are atomic RMWs on it; native hardware counters
+// are DMA-written into it by the device (EFA) or refreshed into it by the backend.
+//
+// Layout (one 128-byte block, see compcntr:cache_padded for why 128):
+//   line 0 (hot): value, errors, wake_seq, watch, hw      -- touched by every update and read
+//   line 1 (cold): pool bookkeeping and owner metadata     -- written at create/destroy only
+// Two slots never share a 128-byte block, so counters of different threads never false-share.
+//
+// Memory ordering (all operations below):
+//   * add/add_error/set/set_error are sequentially consistent RMWs/stores on the value, followed
+//     by a seq_cst load of `watch`. A waiter publishes itself in `watch` with a seq_cst RMW and
+//     then re-reads the value with a seq_cst load. In the single total order of seq_cst
+//     operations, either the updater sees the waiter (and wakes it) or the waiter sees the
+//     update (and does not sleep): no lost wake-up. On x86-64 a seq_cst RMW is the same `lock
+//     xadd` as a release one and a seq_cst load is a plain `mov`, so this costs nothing extra.
+//   * An update "releases": everything the updating thread wrote before add() is visible to a
+//     thread whose value()/errors() (acquire) returns the updated value (or a later one).
+//   * set()/set_error() replace the value; increments racing with a set may be lost (verbs
+//     semantics: "ensure the counter value is stable before calling set"). add() never loses.
+module;
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+export module compcntr:slot;
+import :cache_padded;
+import :types;
+
+export namespace compcntr::detail {
+
+struct slot;
+class device_core;
+
+/// Native (hardware-backed) counter operations. nullptr in slot::hw means "software counter":
+/// the slot itself is the counter and every operation is an atomic on it.
+struct hw_counter_ops {
+  void (*add)(slot&, std::uint64_t) noexcept;
+  void (*add_error)(slot&, std::uint64_t) noexcept;
+  void (*set)(slot&, std::uint64_t) noexcept;
+  void (*set_error)(slot&, std::uint64_t) noexcept;
+  /// Brings value/errors up to date for backends whose device does not write into the slot.
+  void (*refresh)(slot&) noexcept;
+};
+
+/// Bits of slot::watch: who must hear about an update.
+inline constexpr std::uint32_t watch_sleepers_mask = 0x00ffffffu;  ///< waiters asleep in futex
+inline constexpr std::uint32_t watch_fd_armed = 1u << 24;           ///< a pollable fd is armed
+inline constexpr std::uint32_t watch_hook = 1u << 25;               ///< an update hook is armed
+
+/// Extension block for rarely used per-counter features (pollable fd, hooks), allocated on demand.
+struct slot_ext;
+
+struct alignas(false_sharing_range) slot {
+  // ---- line 0: hot ----
+  std::atomic<std::uint64_t> value{0};      ///< completion count
+  std::atomic<std::uint64_t> errors{0};     ///< error count
+  std::atomic<std::uint32_t> wake_seq{0};   ///< futex word: bumped when sleepers must wake
+  std::atomic<std::uint32_t> watch{0};      ///< sleepers | watch_fd_armed | watch_hook
+  const hw_counter_ops* hw = nullptr;       ///< nullptr: software counter
+  // ---- line 1: cold (create/destroy, attach, pool) ----
+  alignas(cache_line_size)
+  std::atomic<std::uint32_t> generation{0}; ///< bumped on every release; stale-handle check
+  std::atomic<std::uint32_t> next_free{0};  ///< pool free-list link (slot index + 1, 0 = end)
+  std::atomic<std::uint32_t> refs{0};       ///< 1 for the owner + 1 per QP attachment
+  std::uint32_t index = 0;                  ///< position in the pool, fixed for the slot's life
+  device_core* owner = nullptr;             ///< device whose counter this is
+  void* backend_data = nullptr;             ///< native counter object of the backend, if any
+  std::atomic<slot_ext*> ext{nullptr};      ///< optional features (see slot_ext)
+  counter_type type = counter_type::wrs;
+  std::int32_t numa_node = 0;               ///< node whose memory holds this slot
+
+  // ---- hot operations (inline: one atomic each on the software path) ----
+
+  /// Completion count. Memory ordering: acquire.
+  std::uint64_t load_value() const noexcept { return value.load(std::memory_order_acquire); }
+  /// Error count. Memory ordering: acquire.
+  std::uint64_t load_errors() const noexcept { return errors.load(std::memory_order_acquire); }
+
+  /// value += n (wrapping at 2^64). Memory ordering: seq_cst RMW (see file comment).
+  void add(std::uint64_t n) noexcept {
+    if (hw != nullptr) [[unlikely]] return hw->add(*this, n);
+    value.fetch_add(n, std::memory_order_seq_cst);
+    notify();
+  }
+  /// errors += n. Memory ordering: as add().
+  void add_error(std::uint64_t n) noexcept {
+    if (hw != nullptr) [[unlikely]] return hw->add_error(*this, n);
+    errors.fetch_add(n, std::memory_order_seq_cst);
+    notify();
+  }
+  /// value = v. Memory ordering: seq_cst store; concurrent add()s may be lost (verbs rule).
+  void set(std::uint64_t v) noexcept {
+    if (hw != nullptr) [[unlikely]] return hw->set(*this, v);
+    value.store(v, std::memory_order_seq_cst);
+    notify();
+  }
+  /// errors = v. Memory ordering: as set().
+  void set_error(std::uint64_t v) noexcept {
+    if (hw != nullptr) [[unlikely]] return hw->set_error(*this, v);
+    errors.store(v, std::memory_order_seq_cst);
+    notify();
+  }
+
+  /// After an update: wake sleepers / signal armed fds, but only if someone is watching.
+  /// The common case is one seq_cst load (a plain mov on x86-64) of a word on the same line.
+  void notify() noexcept {
+    if (watch.load(std::memory_order_seq_cst) != 0) [[unlikely]] notify_slow();
+  }
+  void notify_slow() noexcept;  // src/slot.cpp
+};
+
+static_assert(sizeof(slot) == false_sharing_range, "a slot is exactly one padded block");
+static_assert(offsetof(slot, generation) == cache_line_size, "cold fields start on line 1");
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+/// Resets a slot for a new owner. Called by the pool before a slot is handed out; the slot is
+/// not reachable by any other thread at that point, so relaxed stores suffice: the pool's
+/// hand-off (acquire/release on its free list) publishes them.
+inline void reset_slot(slot& s) noexcept {
+  s.value.store(0, std::memory_order_relaxed);
+  s.errors.store(0, std::memory_order_relaxed);
+  s.watch.store(0, std::memory_order_relaxed);
+  s.hw = nullptr;
+  s.refs.store(1, std::memory_order_relaxed);
+  s.owner = nullptr;
+  s.backend_data = nullptr;
+  s.ext.store(nullptr, std::memory_order_relaxed);
+  s.type = counter_type::wrs;
+}
+
+}  // namespace compcntr::detail

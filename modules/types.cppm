@@ -1,0 +1,39 @@
+// compcntr:types -- the small value types shared by every layer.
+module;
+#include <cstdint>
+export module compcntr:types;
+
+export namespace compcntr {
+
+/// What a counter counts when completions feed it (verbs IBV_COMP_CNTR_TYPE_*).
+enum class counter_type : std::uint32_t {
+  wrs = 0,    ///< +1 per completed work request (the default)
+  bytes = 1,  ///< +length of each completed operation
+};
+
+/// Operations whose completions a QP attachment counts (verbs IBV_QP_ATTACH_COMP_CNTR_OP_*).
+enum class attach_op : std::uint32_t {
+  send = 1u << 0,
+  recv = 1u << 1,
+  rdma_read = 1u << 2,
+  remote_rdma_read = 1u << 3,
+  rdma_write = 1u << 4,
+  remote_rdma_write = 1u << 5,
+};
+inline constexpr std::uint32_t all_attach_ops = 0x3f;
+
+/// Device capabilities for completion counters (verbs ibv_comp_cntr_caps).
+struct counter_caps {
+  std::uint64_t max_value = 0;              ///< values wrap to 0 past this
+  std::uint32_t max_counters = 0;           ///< live counters the device can hold
+  std::uint32_t supported_qp_attach_ops = 0;  ///< attach_op bits the device can count
+};
+
+/// Creation options for a counter.
+struct counter_options {
+  counter_type type = counter_type::wrs;
+  /// NUMA node for the counter's slot; negative: the node of the creating thread.
+  int numa_node = -1;
+};
+
+}  // namespace compcntr

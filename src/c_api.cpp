@@ -1,0 +1,170 @@
+// The C API (include/compcntr/compcntr.h): NULL checks and errno mapping over `import compcntr;`.
+#include <compcntr/compcntr.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <new>
+#include <string>
+#include <system_error>
+#include <utility>
+
+import compcntr;
+
+struct compcntr_device {
+  compcntr::device dev;
+  std::string name;
+};
+
+namespace {
+
+// A C counter: the public verbs-shaped struct first (so the two pointers convert), then the
+// C++ owner of the slot. Heap-allocated, so a use after destroy is a heap-use-after-free that
+// AddressSanitizer reports.
+struct c_counter {
+  compcntr_comp_cntr pub;
+  compcntr::counter cxx;
+};
+static_assert(std::is_standard_layout_v<c_counter>);
+
+c_counter* impl(compcntr_comp_cntr* cc) noexcept { return reinterpret_cast<c_counter*>(cc); }
+
+int null_arg(const char* call, const char* what) noexcept {
+  return compcntr::detail::fail(EINVAL, "%s: %s is NULL", call, what).value();
+}
+
+template <class T>
+T* set_errno(std::error_code ec) noexcept {
+  errno = ec.value();
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* compcntr_last_error_message(void) { return compcntr::last_error_message().data(); }
+
+struct compcntr_device* compcntr_open_device(const char* name) {
+  std::error_code ec;
+  compcntr::device dev = compcntr::device::open(name ? name : "auto", ec);
+  if (ec) return set_errno<compcntr_device>(ec);
+  auto* d = new (std::nothrow) compcntr_device{std::move(dev), {}};
+  if (!d) return set_errno<compcntr_device>(compcntr::detail::fail(ENOMEM, "open_device: out of memory"));
+  d->name = d->dev.name();
+  return d;
+}
+
+int compcntr_close_device(struct compcntr_device* dev) {
+  if (!dev) return null_arg("close_device", "dev");
+  std::error_code ec;
+  dev->dev.close(ec);
+  if (ec) return ec.value();
+  delete dev;
+  return 0;
+}
+
+const char* compcntr_device_name(const struct compcntr_device* dev) {
+  if (!dev) {
+    compcntr::detail::fail(EINVAL, "device_name: dev is NULL");
+    return nullptr;
+  }
+  return dev->name.c_str();
+}
+
+int compcntr_query_comp_cntr_caps(struct compcntr_device* dev, struct compcntr_comp_cntr_caps* caps) {
+  if (!dev) return null_arg("query_comp_cntr_caps", "dev");
+  if (!caps) return null_arg("query_comp_cntr_caps", "caps");
+  const compcntr::counter_caps c = dev->dev.caps();
+  caps->max_value = c.max_value;
+  caps->max_counters = c.max_counters;
+  caps->supported_qp_attach_ops = c.supported_qp_attach_ops;
+  return 0;
+}
+
+struct compcntr_comp_cntr* compcntr_create_comp_cntr(struct compcntr_device* dev,
+                                                     struct compcntr_comp_cntr_init_attr* attr) {
+  using compcntr::detail::fail;
+  if (!dev) return set_errno<compcntr_comp_cntr>(fail(EINVAL, "create_comp_cntr: dev is NULL"));
+  if (!attr) return set_errno<compcntr_comp_cntr>(fail(EINVAL, "create_comp_cntr: attr is NULL"));
+  if (attr->comp_mask & ~std::uint32_t{COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE})
+    return set_errno<compcntr_comp_cntr>(
+        fail(EINVAL, "create_comp_cntr: unknown comp_mask bit(s) 0x%x",
+             attr->comp_mask & ~std::uint32_t{COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE}));
+  if (attr->flags != 0)
+    return set_errno<compcntr_comp_cntr>(
+        fail(EINVAL, "create_comp_cntr: flags must be 0 (got 0x%x)", attr->flags));
+  // Read the type's raw bits: an out-of-range value in a C enum must not be loaded as one.
+  std::uint32_t raw_type;
+  static_assert(sizeof attr->type == sizeof raw_type);
+  std::memcpy(&raw_type, &attr->type, sizeof raw_type);
+  compcntr::counter_options opts;
+  opts.type = static_cast<compcntr::counter_type>(raw_type);
+  if (attr->comp_mask & COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE) {
+    if (attr->numa_node < 0)
+      return set_errno<compcntr_comp_cntr>(
+          fail(EINVAL, "create_comp_cntr: NUMA node %d does not exist", attr->numa_node));
+    opts.numa_node = attr->numa_node;
+  }
+  auto* c = new (std::nothrow) c_counter{};
+  if (!c) return set_errno<compcntr_comp_cntr>(fail(ENOMEM, "create_comp_cntr: out of memory"));
+  std::error_code ec;
+  c->cxx = dev->dev.create_counter(opts, ec);
+  if (ec) {
+    delete c;
+    return set_errno<compcntr_comp_cntr>(ec);
+  }
+  c->pub.context = dev;
+  c->pub.handle = c->cxx.index();
+  return &c->pub;
+}
+
+int compcntr_destroy_comp_cntr(struct compcntr_comp_cntr* cc) {
+  if (!cc) return null_arg("destroy_comp_cntr", "cc");
+  std::error_code ec;
+  impl(cc)->cxx.destroy(ec);
+  if (ec) return ec.value();
+  delete impl(cc);
+  return 0;
+}
+
+int compcntr_set_comp_cntr(struct compcntr_comp_cntr* cc, uint64_t value) {
+  if (!cc) return null_arg("set_comp_cntr", "cc");
+  impl(cc)->cxx.set(value);
+  return 0;
+}
+
+int compcntr_set_err_comp_cntr(struct compcntr_comp_cntr* cc, uint64_t value) {
+  if (!cc) return null_arg("set_err_comp_cntr", "cc");
+  impl(cc)->cxx.set_error(value);
+  return 0;
+}
+
+int compcntr_inc_comp_cntr(struct compcntr_comp_cntr* cc, uint64_t amount) {
+  if (!cc) return null_arg("inc_comp_cntr", "cc");
+  impl(cc)->cxx.add(amount);
+  return 0;
+}
+
+int compcntr_inc_err_comp_cntr(struct compcntr_comp_cntr* cc, uint64_t amount) {
+  if (!cc) return null_arg("inc_err_comp_cntr", "cc");
+  impl(cc)->cxx.add_error(amount);
+  return 0;
+}
+
+int compcntr_read_comp_cntr(struct compcntr_comp_cntr* cc, uint64_t* value) {
+  if (!cc) return null_arg("read_comp_cntr", "cc");
+  if (!value) return null_arg("read_comp_cntr", "value");
+  *value = impl(cc)->cxx.value();
+  return 0;
+}
+
+int compcntr_read_err_comp_cntr(struct compcntr_comp_cntr* cc, uint64_t* value) {
+  if (!cc) return null_arg("read_err_comp_cntr", "cc");
+  if (!value) return null_arg("read_err_comp_cntr", "value");
+  *value = impl(cc)->cxx.errors();
+  return 0;
+}
+
+}  // extern "C"

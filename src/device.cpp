@@ -1,0 +1,111 @@
+// Devices (compcntr:device, compcntr:backend): open, caps, counter creation, close.
+module;
+#include "compcntr_config.h"
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <system_error>
+module compcntr;
+
+namespace compcntr {
+
+namespace detail {
+
+std::error_code backend::check_type(counter_type type) const noexcept {
+  if (type == counter_type::wrs || type == counter_type::bytes) return {};
+  return fail(EINVAL, "unknown counter type %u", static_cast<unsigned>(type));
+}
+std::error_code backend::bind_counter(slot&) noexcept { return {}; }
+void backend::unbind_counter(slot&) noexcept {}
+
+std::unique_ptr<backend> open_backend(std::string_view name, std::error_code& ec) noexcept {
+  if (name == "soft") return make_soft_backend();
+  if (name.empty() || name == "auto") {
+    // A native device if one opens; otherwise the software device, which always works.
+    std::error_code native_ec;
+    if (auto be = open_verbs_backend({}, native_ec)) return be;
+    return make_soft_backend();
+  }
+  return open_verbs_backend(name, ec);
+}
+
+std::error_code device_core::close() noexcept {
+  std::uint32_t expected = 1;
+  if (!refs_.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
+                                     std::memory_order_acquire))
+    return fail(EBUSY, "close_device: device '%.*s' still has %u live object(s)",
+                static_cast<int>(be().name().size()), be().name().data(), expected - 1);
+  delete this;
+  return {};
+}
+
+}  // namespace detail
+
+device device::open(std::string_view name, std::error_code& ec) noexcept {
+  ec.clear();
+  std::unique_ptr<detail::backend> be = detail::open_backend(name, ec);
+  if (!be) {
+    if (!ec) detail::fail_into(ec, ENOMEM, "open_device: out of memory");
+    return {};
+  }
+  std::uint32_t max_counters = 0;
+  if (auto e = detail::max_counters_from_env(max_counters)) {
+    ec = e;
+    return {};
+  }
+  auto* core = new (std::nothrow) detail::device_core(std::move(be), max_counters);
+  if (!core) {
+    detail::fail_into(ec, ENOMEM, "open_device: out of memory");
+    return {};
+  }
+  ec.clear();
+  return device(core);
+}
+
+counter_caps device::caps() const noexcept {
+  counter_caps c = core_->be().caps();
+  c.max_counters = core_->pool().capacity();
+  return c;
+}
+
+counter device::create_counter(const counter_options& opts, std::error_code& ec) noexcept {
+  if (opts.type != counter_type::wrs && opts.type != counter_type::bytes) {
+    detail::fail_into(ec, EINVAL, "create_comp_cntr: unknown counter type %u (WRS = 0, BYTES = 1)",
+                      static_cast<unsigned>(opts.type));
+    return {};
+  }
+  if (opts.numa_node >= core_->pool().numa_nodes()) {
+    detail::fail_into(ec, EINVAL, "create_comp_cntr: NUMA node %d does not exist (%d node(s))",
+                      opts.numa_node, core_->pool().numa_nodes());
+    return {};
+  }
+  if (auto e = core_->be().check_type(opts.type)) {
+    ec = e;
+    return {};
+  }
+  detail::slot* s = core_->pool().allocate(opts.numa_node, ec);
+  if (!s) return {};
+  s->owner = core_;
+  s->type = opts.type;
+  if (auto e = core_->be().bind_counter(*s)) {
+    core_->pool().release(*s);
+    ec = e;
+    return {};
+  }
+  core_->retain();
+  ec.clear();
+  return counter(s);
+}
+
+void device::close(std::error_code& ec) noexcept {
+  if (auto e = core_->close()) {
+    ec = e;
+    return;
+  }
+  core_ = nullptr;
+  ec.clear();
+}
+
+}  // namespace compcntr

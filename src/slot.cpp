@@ -1,0 +1,24 @@
+// The slow half of slot::notify(): runs only when someone watches the counter.
+module;
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+module compcntr;
+
+namespace compcntr::detail {
+
+void slot::notify_slow() noexcept {
+  const std::uint32_t w = watch.load(std::memory_order_seq_cst);
+  if ((w & watch_sleepers_mask) != 0) {
+    // Bump the futex word first, so a waiter that has read the old sequence but not yet
+    // entered the kernel finds it changed and returns at once (FUTEX_WAIT's value check).
+    wake_seq.fetch_add(1, std::memory_order_release);
+    ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&wake_seq), FUTEX_WAKE_PRIVATE, INT_MAX,
+              nullptr, nullptr, 0);
+  }
+}
+
+}  // namespace compcntr::detail
