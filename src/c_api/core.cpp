@@ -1,4 +1,5 @@
-// The C API (include/compcntr/compcntr.h): NULL checks and errno mapping over `import compcntr;`.
+// The C API of devices and counters (include/compcntr/compcntr.h): NULL checks and errno
+// mapping over `import compcntr;`. Other call families live beside this file, one per file.
 #include <compcntr/compcntr.h>
 
 #include <cerrno>
@@ -12,35 +13,9 @@
 
 import compcntr;
 
-struct compcntr_device {
-  compcntr::device dev;
-  std::string name;
-};
+#include "internal.hpp"
 
-namespace {
-
-// A C counter: the public verbs-shaped struct first (so the two pointers convert), then the
-// C++ owner of the slot. Heap-allocated, so a use after destroy is a heap-use-after-free that
-// AddressSanitizer reports.
-struct c_counter {
-  compcntr_comp_cntr pub;
-  compcntr::counter cxx;
-};
-static_assert(std::is_standard_layout_v<c_counter>);
-
-c_counter* impl(compcntr_comp_cntr* cc) noexcept { return reinterpret_cast<c_counter*>(cc); }
-
-int null_arg(const char* call, const char* what) noexcept {
-  return compcntr::detail::fail(EINVAL, "%s: %s is NULL", call, what).value();
-}
-
-template <class T>
-T* set_errno(std::error_code ec) noexcept {
-  errno = ec.value();
-  return nullptr;
-}
-
-}  // namespace
+using namespace compcntr::c_api;
 
 extern "C" {
 
@@ -49,9 +24,9 @@ const char* compcntr_last_error_message(void) { return compcntr::last_error_mess
 struct compcntr_device* compcntr_open_device(const char* name) {
   std::error_code ec;
   compcntr::device dev = compcntr::device::open(name ? name : "auto", ec);
-  if (ec) return set_errno<compcntr_device>(ec);
+  if (ec) return fail_null<compcntr_device>(ec);
   auto* d = new (std::nothrow) compcntr_device{std::move(dev), {}};
-  if (!d) return set_errno<compcntr_device>(compcntr::detail::fail(ENOMEM, "open_device: out of memory"));
+  if (!d) return fail_null<compcntr_device>(compcntr::detail::fail(ENOMEM, "open_device: out of memory"));
   d->name = d->dev.name();
   return d;
 }
@@ -86,14 +61,14 @@ int compcntr_query_comp_cntr_caps(struct compcntr_device* dev, struct compcntr_c
 struct compcntr_comp_cntr* compcntr_create_comp_cntr(struct compcntr_device* dev,
                                                      struct compcntr_comp_cntr_init_attr* attr) {
   using compcntr::detail::fail;
-  if (!dev) return set_errno<compcntr_comp_cntr>(fail(EINVAL, "create_comp_cntr: dev is NULL"));
-  if (!attr) return set_errno<compcntr_comp_cntr>(fail(EINVAL, "create_comp_cntr: attr is NULL"));
+  if (!dev) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "create_comp_cntr: dev is NULL"));
+  if (!attr) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "create_comp_cntr: attr is NULL"));
   if (attr->comp_mask & ~std::uint32_t{COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE})
-    return set_errno<compcntr_comp_cntr>(
+    return fail_null<compcntr_comp_cntr>(
         fail(EINVAL, "create_comp_cntr: unknown comp_mask bit(s) 0x%x",
              attr->comp_mask & ~std::uint32_t{COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE}));
   if (attr->flags != 0)
-    return set_errno<compcntr_comp_cntr>(
+    return fail_null<compcntr_comp_cntr>(
         fail(EINVAL, "create_comp_cntr: flags must be 0 (got 0x%x)", attr->flags));
   // Read the type's raw bits: an out-of-range value in a C enum must not be loaded as one.
   std::uint32_t raw_type;
@@ -103,17 +78,17 @@ struct compcntr_comp_cntr* compcntr_create_comp_cntr(struct compcntr_device* dev
   opts.type = static_cast<compcntr::counter_type>(raw_type);
   if (attr->comp_mask & COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE) {
     if (attr->numa_node < 0)
-      return set_errno<compcntr_comp_cntr>(
+      return fail_null<compcntr_comp_cntr>(
           fail(EINVAL, "create_comp_cntr: NUMA node %d does not exist", attr->numa_node));
     opts.numa_node = attr->numa_node;
   }
   auto* c = new (std::nothrow) c_counter{};
-  if (!c) return set_errno<compcntr_comp_cntr>(fail(ENOMEM, "create_comp_cntr: out of memory"));
+  if (!c) return fail_null<compcntr_comp_cntr>(fail(ENOMEM, "create_comp_cntr: out of memory"));
   std::error_code ec;
   c->cxx = dev->dev.create_counter(opts, ec);
   if (ec) {
     delete c;
-    return set_errno<compcntr_comp_cntr>(ec);
+    return fail_null<compcntr_comp_cntr>(ec);
   }
   c->pub.context = dev;
   c->pub.handle = c->cxx.index();
