@@ -19,7 +19,8 @@
 //     it, the error goes to the counter of the lowest attached local op bit
 //     (SEND, RECV, RDMA_READ, RDMA_WRITE in that order).
 //   * a CQ shared by several wrapped QPs must be created with IBV_WC_EX_WITH_QP_NUM (the QP is
-//     told by the CQE's qp_num); a CQ of one wrapped QP is taken to carry only its completions.
+//     told by the CQE's qp_num, from the moment a second wrapped QP uses the CQ on); a CQ that
+//     only ever had one wrapped QP is taken to carry only its completions.
 //     Completions of QPs compcntr does not know (e.g. destroyed wrappers) are consumed and
 //     dropped: a CQ given to compcntr is compcntr's to drain.
 module;
@@ -68,6 +69,9 @@ class cq_source final : public progress_source {
 
   ibv_cq_ex* const cq;
   std::vector<user> users;  ///< guarded by the device's progress registry lock
+  /// Once two wrapped QPs used this CQ, entries are routed by qp_num for good (even when one
+  /// user is left: the CQ may still carry the others' completions).
+  bool shared = false;      ///< guarded by the device's progress registry lock
 
  private:
   void consume() noexcept;
@@ -170,7 +174,7 @@ class verbs_qp final : public qp_impl {
 
 void cq_source::consume() noexcept {
   const user* u = nullptr;
-  if (users.size() == 1) {
+  if (!shared) {
     u = &users.front();
   } else {
     const std::uint32_t qpn = ibv_wc_read_qp_num(cq);
@@ -208,6 +212,7 @@ std::error_code add_user(progress_registry& reg, ibv_cq_ex* cq, const cq_source:
     if (fresh) delete src;
     return fail(ENOMEM, "wrap_verbs_qp: out of memory");
   }
+  if (src->users.size() > 1) src->shared = true;
   if (fresh) {
     if (auto e = reg.add_locked(*src)) {
       delete src;
