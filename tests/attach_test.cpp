@@ -227,9 +227,11 @@ TEST_CASE("attach racing with counter::destroy: exactly one of them wins, every 
     std::error_code destroy_ec, attach_ec;
     std::thread t([&] {
       sync.arrive_and_wait();
+      for (int k = 0; k < i % 4; ++k) std::this_thread::yield();  // vary who goes first
       attach_ec = q.native_impl()->attach(*s, compcntr::attach_options{.comp_mask = 0, .op_mask = 1});
     });
     sync.arrive_and_wait();
+    for (int k = 0; k < (i / 4) % 4; ++k) std::this_thread::yield();
     c.destroy(destroy_ec);
     t.join();
     if (!attach_ec) {

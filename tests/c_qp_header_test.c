@@ -25,6 +25,9 @@ int main(void)
 	EXPECT(cc != NULL);
 	struct compcntr_qp_attach_comp_cntr_attr attr = { .op_mask = COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV };
 	EXPECT(compcntr_qp_attach_comp_cntr(b, cc, &attr) == 0);
+	EXPECT(compcntr_modify_qp(a, (enum compcntr_qp_state)9) == EINVAL); /* legal C, unknown state */
+	EXPECT(strcmp(compcntr_last_error_message(), "modify_qp: unknown state 9") == 0);
+	EXPECT(compcntr_qp_state(a) == COMPCNTR_QPS_RESET);
 	EXPECT(compcntr_modify_qp(a, COMPCNTR_QPS_INIT) == 0);
 	EXPECT(compcntr_modify_qp(b, COMPCNTR_QPS_INIT) == 0);
 	EXPECT(compcntr_connect_qp(a, b) == 0);

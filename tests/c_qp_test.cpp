@@ -79,11 +79,8 @@ TEST_CASE("C: unknown states, attach errors, access bits") {
   compcntr_qp* q = compcntr_create_qp(s.dev);
   REQUIRE(q);
   CHECK(compcntr_qp_state(q) == COMPCNTR_QPS_RESET);
-  enum compcntr_qp_state bogus;
-  const uint32_t raw = 9;
-  std::memcpy(&bogus, &raw, sizeof raw);
-  CHECK(compcntr_modify_qp(q, bogus) == EINVAL);
-  CHECK(last() == "modify_qp: unknown state 9");
+  // An out-of-range state value is tested from C (c_qp_header_test.c): in C++ merely passing
+  // one is undefined behaviour.
   CHECK(compcntr_modify_qp(q, COMPCNTR_QPS_RTS) == EINVAL);
   compcntr_comp_cntr* cc = counter(s.dev);
   compcntr_qp_attach_comp_cntr_attr aa{1, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND};
