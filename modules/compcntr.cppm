@@ -7,7 +7,8 @@
 //     c.add();
 //
 // Partitions, bottom up: cache_padded, error, types, slot (memory ordering), pool (where slots
-// live), backend (device interface), counter, device. See docs/architecture.md.
+// live), backend (device interface), counter, mr (registered memory), qp (queue pairs, attach),
+// device. See docs/architecture.md.
 export module compcntr;
 export import :cache_padded;
 export import :error;
@@ -16,4 +17,6 @@ export import :slot;
 export import :pool;
 export import :backend;
 export import :counter;
+export import :mr;
+export import :qp;
 export import :device;

@@ -92,4 +92,7 @@ export namespace compcntr::detail {
 /// Drops one reference to a counter slot; the last one unbinds it from its backend, returns it
 /// to the pool and releases the device reference it held. Defined in src/counter.cpp.
 void unref_counter_slot(slot& s) noexcept;
+/// Frees a counter slot whose references are all gone (refs == 0): unbinds it from its backend,
+/// returns it to the pool and releases the device reference it held.
+void free_counter_slot(slot& s) noexcept;
 }  // namespace compcntr::detail

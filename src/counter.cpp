@@ -19,9 +19,11 @@ void counter::destroy(std::error_code& ec) noexcept {
                       s_->index, expected - 1);
     return;
   }
+  // refs stays 0 from here on: an attach that looks now sees 0 and is refused. (Storing 1 back
+  // and dropping it with unref_counter_slot would reopen a window in which an attach succeeds on
+  // a counter being destroyed.)
   detail::slot* s = std::exchange(s_, nullptr);
-  s->refs.store(1, std::memory_order_relaxed);  // unref_counter_slot drops the last reference
-  detail::unref_counter_slot(*s);
+  detail::free_counter_slot(*s);
   ec.clear();
 }
 
@@ -33,6 +35,10 @@ namespace detail {
 
 void unref_counter_slot(slot& s) noexcept {
   if (s.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  free_counter_slot(s);
+}
+
+void free_counter_slot(slot& s) noexcept {
   device_core* dev = s.owner;
   dev->be().unbind_counter(s);
   dev->pool().release(s);
