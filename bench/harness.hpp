@@ -11,7 +11,8 @@
 //     operations and returns the elapsed nanoseconds; the variant times itself so that multi-thread
 //     variants can leave thread start-up out. One-thread variants (timed()) count the thread's
 //     CPU time, so time spent descheduled on the shared machine is not charged to them;
-//     two-thread variants count wall time from the first start to the last finish.
+//     two-thread variants (two_threads()) count each thread's CPU time and re-run samples in
+//     which the two threads did not really run at the same time.
 //   * measure() calibrates n per variant so one sample lasts about --sample-ms (this is also the
 //     warm-up), runs one more discarded sample, then takes --reps samples of every variant
 //     *interleaved* (rep 1 of A, B, C, rep 2 of B, C, A, ...): drift of a shared, noisy machine hits
@@ -118,6 +119,8 @@ struct variant {
   std::string unavailable;
   /// Non-zero: always n = fixed_n (no calibration), e.g. P7's 1,000,000 counters.
   std::uint64_t fixed_n = 0;
+  /// Non-zero: this variant's samples last about min(sample_ms, --sample-ms) ms.
+  double sample_ms = 0;
   std::string unit = "ns/op";
   std::map<std::string, std::string> notes;
 };
@@ -216,11 +219,24 @@ class context {
   /// Calibrates, warms up and samples every variant, interleaved (see file comment).
   std::vector<result> measure(std::vector<variant> vs) const;
 
-  /// Runs a(n) on CPU 0 and b(n) on CPU 1 at the same time, both released by one spin barrier;
-  /// returns the nanoseconds from the first start to the last finish. With a single allowed CPU
-  /// both threads share it (the row should then mark itself unavailable).
+  /// Runs a(n) on the first allowed CPU and b(n) on the second at the same time, both released
+  /// by one spin barrier, and returns the mean of the two threads' CPU times (ns) for their n
+  /// operations. A sample counts only if the threads really ran together: each thread's CPU time
+  /// must cover >= min_overlap of the window from the first start to the last finish; otherwise
+  /// (another process took one of the CPUs meanwhile) it is re-run, up to max_retries times,
+  /// keeping the best. pair_stats counts this. Short samples (variant::sample_ms) make a clean
+  /// sample likely on a busy machine. With a single allowed CPU both threads share it (the row
+  /// should mark itself unavailable instead).
   double two_threads(std::uint64_t n, const std::function<void(std::uint64_t)>& a,
                      const std::function<void(std::uint64_t)>& b) const;
+  static constexpr double min_overlap = 0.9;
+  static constexpr int max_retries = 50;
+  struct pair_counts {
+    std::uint64_t samples = 0;      ///< two_threads() calls
+    std::uint64_t retries = 0;      ///< re-runs because the overlap was too small
+    std::uint64_t low_overlap = 0;  ///< samples kept although still below min_overlap
+  };
+  mutable pair_counts pair_stats;
 
   /// Runs this program's probe `name` in a fresh process (`self --probe name args...`) and returns
   /// its "key=value" output lines. On failure, returns {} and sets why.
