@@ -61,14 +61,15 @@ void run(bench::context& ctx) {
                                                    std::string(compcntr::last_error_message()))
          : pair(cc_name,
                 [&c0](std::uint64_t n) { add_loop(c0, n); }, [&c1](std::uint64_t n) { add_loop(c1, n); });
-  auto pa = std::make_unique<padded_atomic>(), pb = std::make_unique<padded_atomic>();
+  auto padded = std::make_unique<padded_atomic[]>(2);  // hand-padded: exactly 128 bytes apart
   auto adj = std::make_unique<unpadded_pair>();
   auto shared = std::make_unique<padded_atomic>();
   const auto before = ctx.pair_stats;
   auto r = ctx.measure({
       cc,
       pair("two threads, two 128-byte-padded std::atomic, fetch_add(1)",
-           [p = &pa->v](std::uint64_t n) { inc(p, n); }, [p = &pb->v](std::uint64_t n) { inc(p, n); }),
+           [p = &padded[0].v](std::uint64_t n) { inc(p, n); },
+           [p = &padded[1].v](std::uint64_t n) { inc(p, n); }),
       pair("two threads, two adjacent unpadded std::atomic, fetch_add(1)",
            [p = &adj->a](std::uint64_t n) { inc(p, n); }, [p = &adj->b](std::uint64_t n) { inc(p, n); }),
       pair("two threads, one shared std::atomic, fetch_add(1)",
