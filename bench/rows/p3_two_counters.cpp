@@ -78,10 +78,10 @@ void run(bench::context& ctx) {
   for (auto& x : r) x.unit = "ns/inc";
   const auto& after = ctx.pair_stats;
   char overlap[200];
-  std::snprintf(overlap, sizeof overlap, "%llu of %llu two-thread samples were re-run because "
-                "another process kept a thread off its CPU; %llu kept below %.0f%% overlap",
-                static_cast<unsigned long long>(after.retries - before.retries),
+  std::snprintf(overlap, sizeof overlap, "%llu two-thread samples took %llu re-runs (another "
+                "process kept a thread off its CPU); %llu kept below %.0f%% overlap",
                 static_cast<unsigned long long>(after.samples - before.samples),
+                static_cast<unsigned long long>(after.retries - before.retries),
                 static_cast<unsigned long long>(after.low_overlap - before.low_overlap),
                 bench::context::min_overlap * 100);
   ctx.add(bench::compare("P3", "2 threads: 2 pool counters vs 2 padded atomics",
