@@ -6,14 +6,17 @@
 //     auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
 //     c.add();
 //
-// Partitions, bottom up: cache_padded, error, types, slot (memory ordering), pool (where slots
-// live), backend (device interface), counter, device. See docs/architecture.md.
+// Partitions, bottom up: cache_padded, error, types, backoff (spin, yield, block), slot (memory
+// ordering), pool (where slots live), backend (device interface), counter, device, wait (wait,
+// poll_any, pollable fds). See docs/architecture.md.
 export module compcntr;
 export import :cache_padded;
 export import :error;
 export import :types;
+export import :backoff;
 export import :slot;
 export import :pool;
 export import :backend;
 export import :counter;
 export import :device;
+export import :wait;

@@ -35,6 +35,7 @@ void unref_counter_slot(slot& s) noexcept {
   if (s.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   device_core* dev = s.owner;
   dev->be().unbind_counter(s);
+  free_slot_ext(s);  // the counter's fd and poll registrations block (compcntr:wait)
   dev->pool().release(s);
   dev->release();
 }
