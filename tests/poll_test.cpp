@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fcntl.h>
+#include <sched.h>
 #include <span>
 #include <string>
 #include <sys/epoll.h>
@@ -231,49 +232,86 @@ TEST_CASE("poll_any: progress hooks keep running while the poller sleeps") {
 }
 
 TEST_CASE("poll_any: 20,000-round ping-pong through polls loses no wake-up") {
+  // As the wait ping-pong (wait_test.cpp): main sends on left[k], k = i / 4 % 16, the other thread
+  // polls all 16 of `left` (threshold 1 on that counter, unreachable on the others), consumes
+  // the token with set(0) and answers on right[k]. main aims its sends (0-15 pauses after the
+  // event); the poller registers on its counters in index order, one lock each:
+  //   odd rounds: once the poller is registered on all of them (the window between the
+  //               registrations and the futex);
+  //   2 mod 4:    once it is registered on left[0] (for most k: while it is registering);
+  //   0 mod 4:    after a 0-1023-pause jitter, the poller on default options.
+  // Forced sleep except in rounds 0 mod 4. A poll that lasts its whole timeout counts as a lost
+  // wake-up even if its last check succeeds.
   auto dev = open_soft();
-  auto left = make_n(dev, 3);
-  auto right = make_n(dev, 3);
+  constexpr std::size_t n = 16;
+  auto left = make_n(dev, n);
+  auto right = make_n(dev, n);
   constexpr std::uint64_t rounds = 20'000;
-  std::atomic<std::uint64_t> fail_a{0}, fail_b{0};
-  // Round i passes the token through counter i % 3 on each side (threshold 1; the receiver
-  // consumes it with set(0) before the sender can send on that counter again); the other
-  // counters' thresholds are never reached.
+  constexpr auto lost = 10s;
   auto thresholds = [](std::size_t k) {
-    std::vector<std::uint64_t> th(3, UINT64_MAX);
+    std::vector<std::uint64_t> th(n, UINT64_MAX);
     th[k] = 1;
     return th;
   };
+  auto timed_poll = [&](const std::vector<compcntr::counter>& cs, std::size_t k,
+                        const compcntr::wait_options& o) {
+    const auto t0 = test_util::clock_type::now();
+    const auto r = compcntr::poll_any(cs, thresholds(k), lost, o);
+    return r.status == std::errc{} && r.index == k && test_util::clock_type::now() - t0 < lost;
+  };
+  auto pauses = [](std::uint64_t& x, std::uint64_t mask) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    for (std::uint64_t k = x & mask; k > 0; --k) compcntr::cpu_relax();
+  };
+  std::atomic<std::uint64_t> fail_a{0}, fail_b{0};
+  std::atomic<long> other_slept{0};
   std::thread other([&] {
+    const long switches0 = test_util::voluntary_switches();
     for (std::uint64_t i = 1; i <= rounds; ++i) {
-      const std::size_t k = i % 3;
-      const auto th = thresholds(k);
-      // The token for this round may already be there; otherwise sleep for it.
-      const auto r = compcntr::poll_any(left, th, 30s, forced_sleep());
-      if (r.status != std::errc{} || r.index != k) {
+      const std::size_t k = (i / 4) % n;
+      compcntr::wait_options o = forced_sleep();
+      if (i % 4 == 0) o.spin = compcntr::default_spin;
+      if (!timed_poll(left, k, o)) {
         fail_a = i;
-        return;
+        break;
       }
       left[k].set(0);  // consume
       right[k].add(1);
     }
+    other_slept = test_util::voluntary_switches() - switches0;
   });
-  const long switches0 = test_util::voluntary_switches();
+  compcntr::wait_options main_opts;
+  main_opts.spin = 50us;
+  std::uint64_t x = 0x2545f4914f6cdd1du;
   for (std::uint64_t i = 1; i <= rounds; ++i) {
-    const std::size_t k = i % 3;
-    const auto th = thresholds(k);
+    const std::size_t k = (i / 4) % n;
+    if (i % 4 != 0) {
+      auto registered = [&] {
+        return has_poller(left[i % 4 == 2 ? 0 : n - 1]);
+      };
+      const auto guard = test_util::clock_type::now() + 30s;
+      for (unsigned spins = 0; !registered(); ++spins) {
+        if (spins < 1024) {
+          compcntr::cpu_relax();
+        } else {
+          ::sched_yield();
+          if (test_util::clock_type::now() > guard) break;
+        }
+      }
+      pauses(x, 15);
+    } else {
+      pauses(x, 1023);
+    }
     left[k].add(1);
-    const auto r = compcntr::poll_any(right, th, 30s, forced_sleep());
-    if (r.status != std::errc{} || r.index != k) {
+    if (!timed_poll(right, k, main_opts)) {
       fail_b = i;
       break;
     }
     right[k].set(0);
   }
-  const long slept = test_util::voluntary_switches() - switches0;
   other.join();
-  CAPTURE(slept);
-  CHECK(slept >= static_cast<long>(rounds / 10));  // the sleep path was really taken
+  CAPTURE(other_slept.load());
+  CHECK(other_slept.load() >= static_cast<long>(rounds / 4));  // the sleep path was taken
   CHECK(fail_a.load() == 0);
   CHECK(fail_b.load() == 0);
 }

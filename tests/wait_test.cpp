@@ -325,21 +325,44 @@ TEST_CASE("wait: an idle waiter sleeps (thread CPU time a small fraction of wall
 }
 
 TEST_CASE("wait: 100,000-round ping-pong loses no wake-up") {
-  // Two threads hand a token back and forth through two counters. Three rounds in four use
-  // forced sleep (every wait that is not already satisfied goes to FUTEX_WAIT), the fourth the
-  // default spin-then-sleep, so the registration/re-check/sleep race is hit on both sides
-  // hundreds of thousands of times. A lost wake-up shows as a 30 s timeout, never a hang.
+  // main sends a token on `ping`, the other thread waits for it and answers on `pong`. A lost
+  // wake-up is a failure after 10 s, never a hang. The races worth hitting are
+  // short: between a sleeper's re-check and its registration, between its registration and the
+  // kernel's futex queue. On a VM a FUTEX_WAKE is so slow that an unaimed ping-pong almost never
+  // lands there, so main aims (round i, by i % 4):
+  //   0: waits 0-1023 pauses (~0-35 us), then sends; the receiver uses the default options;
+  //   1: spins until the receiver has registered as a sleeper (forced sleep), then sends after
+  //      0-15 pauses: into the registration -> futex window;
+  //   2: sends 0-63 pauses after the previous answer: into the receiver's path from its fast
+  //      check to the futex (re-check -> registration included); forced sleep;
+  //   3: as 1, with the receiver on default options (it registers after spinning).
+  // main waits for each answer hot-polling for 50 us, so it is usually running, watching, when
+  // the receiver comes back around.
+  // A lost wake-up does not always end in a timeout: the waiter's last check at its deadline
+  // finds the (long since updated) value and succeeds. So a wait is also a failure when it
+  // lasted its whole timeout (10 s; every answer here comes within microseconds).
+  constexpr auto lost = 10s;
+  auto timed_wait = [&](compcntr::counter& c, std::uint64_t i, const compcntr::wait_options& o) {
+    const auto t0 = test_util::clock_type::now();
+    return compcntr::wait(c, i, lost, o) == std::errc{} && test_util::clock_type::now() - t0 < lost;
+  };
   auto dev = open_soft();
   auto ping = make(dev);
   auto pong = make(dev);
   constexpr std::uint64_t rounds = 100'000;
-  auto opts = [](std::uint64_t i) { return with_spin(i % 4 == 0 ? compcntr::default_spin : 0ns); };
+  auto receiver_opts = [](std::uint64_t i) {
+    return with_spin(i % 2 == 0 || i % 4 == 3 ? compcntr::default_spin : 0ns);
+  };
+  auto pauses = [](std::uint64_t& x, std::uint64_t mask) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    for (std::uint64_t k = x & mask; k > 0; --k) compcntr::cpu_relax();
+  };
   std::atomic<std::uint64_t> fail_ping{0}, fail_pong{0};
   std::atomic<long> other_slept{0};
   std::thread other([&] {
     const long switches0 = test_util::voluntary_switches();
     for (std::uint64_t i = 1; i <= rounds; ++i) {
-      if (compcntr::wait(ping, i, 30s, opts(i)) != std::errc{}) {
+      if (!timed_wait(ping, i, receiver_opts(i))) {
         fail_ping = i;
         break;
       }
@@ -347,21 +370,35 @@ TEST_CASE("wait: 100,000-round ping-pong loses no wake-up") {
     }
     other_slept = test_util::voluntary_switches() - switches0;
   });
-  const long switches0 = test_util::voluntary_switches();
+  const compcntr::wait_options main_opts = with_spin(50us);
+  std::uint64_t x = 0x2545f4914f6cdd1du;
   for (std::uint64_t i = 1; i <= rounds; ++i) {
+    if (i % 4 == 1 || i % 4 == 3) {
+      // Spin tightly (the window is a few hundred ns), but briefly: if the receiver is not
+      // running, spinning would keep it off a shared 2-core machine; yield then.
+      const auto guard = test_util::clock_type::now() + 30s;
+      for (unsigned k = 0; sleepers(ping) == 0; ++k) {
+        if (k < 1024) {
+          compcntr::cpu_relax();
+        } else {
+          ::sched_yield();
+          if (test_util::clock_type::now() > guard) break;
+        }
+      }
+      pauses(x, 15);
+    } else {
+      pauses(x, i % 4 == 0 ? 1023 : 63);
+    }
     ping.add(1);
-    if (compcntr::wait(pong, i, 30s, opts(i)) != std::errc{}) {
+    if (!timed_wait(pong, i, main_opts)) {
       fail_pong = i;
       break;
     }
   }
-  const long main_slept = test_util::voluntary_switches() - switches0;
   other.join();
-  // The sleep path was really taken (not every wait found its token already there). Usually
-  // one side sleeps each round: its partner's FUTEX_WAKE takes longer than the reply.
-  CAPTURE(main_slept);
+  // The sleep path was really taken (rounds 1 and 2 mod 4 always sleep unless answered first).
   CAPTURE(other_slept.load());
-  CHECK(main_slept + other_slept.load() >= static_cast<long>(rounds / 4));
+  CHECK(other_slept.load() >= static_cast<long>(rounds / 4));
   CHECK(fail_ping.load() == 0);
   CHECK(fail_pong.load() == 0);
   CHECK(ping.value() == rounds);
