@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -405,4 +406,27 @@ TEST_CASE("wait: 100,000-round ping-pong loses no wake-up") {
   CHECK(pong.value() == rounds);
   CHECK(ping.native_slot()->watch.load() == 0);
   CHECK(pong.native_slot()->watch.load() == 0);
+}
+
+TEST_CASE("wait_options: an aggregate with designated initializers (docs/wait.md example)") {
+  auto dev = open_soft();
+  auto c = make(dev);
+  struct queue {
+    compcntr::counter* c;
+    int drained = 0;
+  } cq{&c};
+  const compcntr::wait_options o{.progress = [](void* q) {
+                                   auto* x = static_cast<queue*>(q);
+                                   if (++x->drained == 3) x->c->add(1);
+                                 },
+                                 .progress_ctx = &cq,
+                                 .progress_interval = 200us};
+  CHECK(o.spin == compcntr::default_spin);
+  const compcntr::counter* one[] = {&c};
+  const std::uint64_t th[] = {1};
+  const auto r = compcntr::poll_any(std::span<const compcntr::counter* const>(one), th,
+                                    compcntr::wait_forever, o);
+  CHECK(r.status == std::errc{});
+  CHECK(r.index == 0);
+  CHECK(cq.drained == 3);
 }
