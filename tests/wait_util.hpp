@@ -6,7 +6,6 @@
 #include <chrono>
 #include <ctime>
 #include <sched.h>
-#include <sys/resource.h>
 
 namespace test_util {
 
@@ -30,13 +29,6 @@ inline std::chrono::nanoseconds thread_cpu() {
   timespec ts{};
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
-}
-
-/// Voluntary context switches of the calling thread (it blocked in the kernel this often).
-inline long voluntary_switches() {
-  rusage ru{};
-  ::getrusage(RUSAGE_THREAD, &ru);
-  return ru.ru_nvcsw;
 }
 
 inline double ms(std::chrono::nanoseconds d) { return std::chrono::duration<double, std::milli>(d).count(); }

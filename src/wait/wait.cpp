@@ -39,11 +39,19 @@ struct outcome {
 constexpr outcome pending{false, std::errc{}, 0};
 constexpr outcome timed_out{true, std::errc::timed_out, 0};
 
+// The caller's timeout, started lazily: the clock is first read only when needed, so a wait
+// answered within its first polls (or a spin-only wait without timeout) reads no clock at all.
+// The start is taken at or after the wait's real start, so the deadline is never early.
 class deadline {
  public:
-  deadline(clock::time_point start, std::int64_t ms) noexcept
-      : forever_(ms < 0 || ms > max_finite_timeout_ms),
-        at_(forever_ ? clock::time_point::max() : start + std::chrono::milliseconds(ms)) {}
+  explicit deadline(std::int64_t ms) noexcept
+      : ms_(ms), forever_(ms < 0 || ms > max_finite_timeout_ms) {}
+  bool forever() const noexcept { return forever_; }
+  bool started() const noexcept { return started_; }
+  void start(clock::time_point now) noexcept {
+    started_ = true;
+    if (!forever_) at_ = now + std::chrono::milliseconds(ms_);
+  }
   bool passed(clock::time_point now) const noexcept { return !forever_ && now >= at_; }
   // Length of the next sleep: until the deadline, and at most `cap` if cap >= 0; -1: no limit.
   nanoseconds next_sleep(clock::time_point now, nanoseconds cap) const noexcept {
@@ -53,8 +61,10 @@ class deadline {
   }
 
  private:
+  std::int64_t ms_;
   bool forever_;
-  clock::time_point at_;
+  bool started_ = false;
+  clock::time_point at_ = clock::time_point::max();
 };
 
 // The three phases of every wait (modules/wait.cppm, file comment).
@@ -69,19 +79,25 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, bool bounded,
   outcome r = check();
   if (r.done) return r;
   if (timeout_ms == 0) return timed_out;
-  const clock::time_point start = clock::now();
-  const deadline dl(start, timeout_ms);
+  deadline dl(timeout_ms);
 
   if (o.spin > nanoseconds::zero()) {
-    // 1. hot: one pause between checks.
+    // 1. hot: one pause between checks. The clock is read every `stride` polls, the first time
+    // after `stride` polls (the spin budget and the timeout count from there: at most ~0.5 us
+    // late), and never in spin-only mode without a timeout.
     const bool spin_always = o.spin >= max_finite_spin;
-    const clock::time_point spin_end = spin_always ? clock::time_point::max() : start + o.spin;
+    const bool need_clock = !spin_always || !dl.forever();
+    clock::time_point spin_end = clock::time_point::max();
     const unsigned stride = o.progress != nullptr ? 1 : clock_stride;
     for (unsigned k = 1;; ++k) {
       cpu_relax();
       if ((r = check()).done) return r;
-      if (k % stride == 0) {
+      if (need_clock && k % stride == 0) {
         const clock::time_point now = clock::now();
+        if (!dl.started()) {
+          dl.start(now);
+          if (!spin_always) spin_end = now + o.spin;
+        }
         if (dl.passed(now)) return timed_out;
         if (now >= spin_end) break;
       }
@@ -96,6 +112,7 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, bool bounded,
   }
 
   // 3. sleep in the kernel.
+  if (!dl.started()) dl.start(clock::now());
   const nanoseconds slice =
       o.progress_interval > std::chrono::microseconds::zero() ? nanoseconds(o.progress_interval)
                                                               : nanoseconds(default_progress_interval);
