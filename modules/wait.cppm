@@ -75,7 +75,8 @@ import :backoff;
 export namespace compcntr {
 
 /// A progress function: called by a waiting thread between checks (an emulated backend drains
-/// its completion queue here). It may update counters, but must not wait on the same counters.
+/// its completion queue here). It may update counters, but must not wait on the same counters,
+/// and must not throw (the waits are noexcept).
 using progress_fn = void (*)(void* ctx);
 
 /// wait_options::spin value: poll forever, never sleep (lowest latency, burns a core).
@@ -206,7 +207,8 @@ poll_result poll_any(std::span<const counter* const> counters,
 
 /// The counter's pollable file descriptor (an eventfd, non-blocking, close-on-exec), created on
 /// the first call; later calls return the same fd. The counter owns it: it is closed when the
-/// counter is destroyed (do not close it yourself). Creating it costs the increment path
+/// counter's slot is released (at destroy; for a C++ counter dropped while a QP still counts
+/// into it, when that QP is destroyed). Do not close it yourself. Creating it costs the increment path
 /// nothing; only arm_fd() does, until the next update. -1 and ec on failure (EMFILE, ENFILE,
 /// ENOMEM from eventfd; EINVAL for an empty counter).
 int pollable_fd(const counter& c, std::error_code& ec) noexcept;

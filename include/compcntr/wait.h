@@ -32,7 +32,8 @@ int compcntr_poll_comp_cntrs(struct compcntr_comp_cntr *const *ccs, const uint64
 /* ---- options ---------------------------------------------------------------------------- */
 
 /* A progress function, called by the waiting thread between checks (emulated backends drain
- * their completion queues here). It may update counters, but must not wait on the same ones. */
+ * their completion queues here). It may update counters, but must not wait on the same ones.
+ * It runs with no compcntr lock held. */
 typedef void (*compcntr_progress_fn)(void *ctx);
 
 enum compcntr_wait_attr_mask {
