@@ -6,13 +6,15 @@
 //     auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
 //     c.add();
 //
-// Partitions, bottom up: cache_padded, error, types, slot (memory ordering), pool (where slots
-// live), backend (device interface), counter, mr (registered memory), qp (queue pairs, attach),
-// device. See docs/architecture.md.
+// Partitions, bottom up: cache_padded, error, types, backoff (spin, yield, block), slot (memory
+// ordering), pool (where slots live), backend (device interface), counter, mr (registered
+// memory), qp (queue pairs, attach), device, wait (wait, poll_any, pollable fds).
+// See docs/architecture.md.
 export module compcntr;
 export import :cache_padded;
 export import :error;
 export import :types;
+export import :backoff;
 export import :slot;
 export import :pool;
 export import :backend;
@@ -20,3 +22,4 @@ export import :counter;
 export import :mr;
 export import :qp;
 export import :device;
+export import :wait;

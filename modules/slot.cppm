@@ -20,6 +20,12 @@
 //     thread whose value()/errors() (acquire) returns the updated value (or a later one).
 //   * set()/set_error() replace the value; increments racing with a set may be lost (verbs
 //     semantics: "ensure the counter value is stable before calling set"). add() never loses.
+//   * The same Dekker pairing covers the other watchers: a poll_any call sets watch_pollers and
+//     an fd arm sets watch_fd_armed with seq_cst RMWs before they re-check the value, so an
+//     update either is seen by them or sees their bit. notify_slow() (src/slot.cpp) then wakes
+//     futex sleepers (sleeper count != 0), signals the armed fd (one-shot: the bit is cleared by
+//     the first update that sees it) and bumps the futex word of every registered poll_any
+//     (under the slot_ext lock). With watch == 0 an update costs its RMW plus one load.
 module;
 #include <atomic>
 #include <cstddef>
@@ -48,8 +54,12 @@ struct hw_counter_ops {
 inline constexpr std::uint32_t watch_sleepers_mask = 0x00ffffffu;  ///< waiters asleep in futex
 inline constexpr std::uint32_t watch_fd_armed = 1u << 24;           ///< a pollable fd is armed
 inline constexpr std::uint32_t watch_hook = 1u << 25;               ///< an update hook is armed
+inline constexpr std::uint32_t watch_pollers = 1u << 26;            ///< poll_any sleepers in ext
 
-/// Extension block for rarely used per-counter features (pollable fd, hooks), allocated on demand.
+/// Extension block for rarely used per-counter features, allocated on demand (first pollable_fd
+/// or first poll_any that sleeps on the counter) and freed when the counter is destroyed: the
+/// counter's eventfd and the list of sleeping poll_any calls. Defined in src/wait/ext.cpp, the
+/// only place that touches its members; the hot path never does (watch says when it must).
 struct slot_ext;
 
 struct alignas(false_sharing_range) slot {

@@ -41,6 +41,7 @@ void unref_counter_slot(slot& s) noexcept {
 void free_counter_slot(slot& s) noexcept {
   device_core* dev = s.owner;
   dev->be().unbind_counter(s);
+  free_slot_ext(s);  // the counter's fd and poll registrations block (compcntr:wait)
   dev->pool().release(s);
   dev->release();
 }

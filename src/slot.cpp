@@ -1,11 +1,8 @@
 // The slow half of slot::notify(): runs only when someone watches the counter.
 module;
 #include <atomic>
-#include <climits>
 #include <cstdint>
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "wait/futex.hpp"
 module compcntr;
 
 namespace compcntr::detail {
@@ -16,9 +13,9 @@ void slot::notify_slow() noexcept {
     // Bump the futex word first, so a waiter that has read the old sequence but not yet
     // entered the kernel finds it changed and returns at once (FUTEX_WAIT's value check).
     wake_seq.fetch_add(1, std::memory_order_release);
-    ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&wake_seq), FUTEX_WAKE_PRIVATE, INT_MAX,
-              nullptr, nullptr, 0);
+    futex::wake(wake_seq);
   }
+  if ((w & (watch_fd_armed | watch_pollers)) != 0) notify_ext(*this, w);
 }
 
 }  // namespace compcntr::detail

@@ -81,5 +81,6 @@ int compcntr_read_err_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t *value);
 /* Further call families, one header each, all reachable through this umbrella header. */
 #include <compcntr/qp.h>
 #include <compcntr/verbs.h>
+#include <compcntr/wait.h>
 
 #endif /* COMPCNTR_COMPCNTR_H */

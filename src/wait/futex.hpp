@@ -1,0 +1,47 @@
+// Linux futex calls on a std::atomic<std::uint32_t>, for the implementation units of the wait
+// layer (include in the global module fragment). The futex only blocks and wakes: every
+// ordering the callers rely on comes from their C++ atomics (see compcntr:wait).
+#ifndef COMPCNTR_SRC_WAIT_FUTEX_HPP
+#define COMPCNTR_SRC_WAIT_FUTEX_HPP
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <ctime>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace compcntr::futex {
+
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) &&
+                  std::atomic<std::uint32_t>::is_always_lock_free,
+              "the futex word must be a plain 32-bit word");
+
+inline std::uint32_t* addr(std::atomic<std::uint32_t>& word) noexcept {
+  return reinterpret_cast<std::uint32_t*>(&word);
+}
+
+/// Sleeps while `word` == `expected`, for at most `rel` (negative: no limit). Returns on a wake,
+/// when the word already differs (EAGAIN), on timeout and on signals: callers re-check.
+inline void wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                 std::chrono::nanoseconds rel) noexcept {
+  timespec ts{};
+  timespec* tsp = nullptr;
+  if (rel.count() >= 0) {
+    ts.tv_sec = static_cast<time_t>(rel.count() / 1'000'000'000);
+    ts.tv_nsec = static_cast<long>(rel.count() % 1'000'000'000);
+    tsp = &ts;
+  }
+  ::syscall(SYS_futex, addr(word), FUTEX_WAIT_PRIVATE, expected, tsp, nullptr, 0);
+}
+
+/// Wakes up to `n` threads sleeping in wait() on `word`.
+inline void wake(std::atomic<std::uint32_t>& word, int n = INT_MAX) noexcept {
+  ::syscall(SYS_futex, addr(word), FUTEX_WAKE_PRIVATE, n, nullptr, nullptr, 0);
+}
+
+}  // namespace compcntr::futex
+
+#endif
