@@ -236,6 +236,8 @@ TEST_CASE("registrations come and go while traffic flows") {
       ++registrations;
     }
   });
+  // The churn must really overlap the traffic: start posting once it has registered.
+  while (registrations.load() == 0) std::this_thread::yield();
   std::error_code ec;
   for (int i = 0; i < n; ++i) {
     p.b.post_recv(i, dst.data(), 64, dst.lkey(), ec);
