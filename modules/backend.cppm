@@ -5,8 +5,10 @@
 // (counter, QP, cmd_comp, ...) holds one more, so a device never dies under its objects.
 module;
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -17,6 +19,10 @@ import :types;
 import :error;
 
 export namespace compcntr::detail {
+
+class cmd_comp_core;   // compcntr:cmd_comp
+class command_engine;  // src/cmd_comp/engine.cpp
+class device_core;
 
 class backend {
  public:
@@ -33,7 +39,21 @@ class backend {
   virtual std::error_code bind_counter(slot& s) noexcept;
   /// Called when the counter is destroyed, before its slot returns to the pool.
   virtual void unbind_counter(slot& s) noexcept;
+
+  /// The device side of an asynchronous counter query (compcntr:cmd_comp): fills out[i] with the
+  /// values the device holds for *slots[i] now. Called on the device's command engine thread,
+  /// one call per batch of up to command_engine_batch queries, every slot pinned (bound, never
+  /// released under the call). Default: the mirror itself, after hw->refresh for native
+  /// counters that have one. Backends whose values live elsewhere override it.
+  virtual void query_values(std::span<slot* const> slots, counter_values* out) noexcept;
+
+  /// Creates the object that serves asynchronous command completion for this device. Default:
+  /// a software cmd_comp answered by the device's command engine thread. nullptr + ec on error.
+  virtual cmd_comp_core* create_cmd_comp(device_core& dev, std::error_code& ec) noexcept;
 };
+
+/// Queries the command engine answers per backend::query_values call (at most).
+inline constexpr std::size_t command_engine_batch = 64;
 
 class device_core {
  public:
@@ -55,11 +75,16 @@ class device_core {
   std::error_code close() noexcept;
   std::uint32_t refs() const noexcept { return refs_.load(std::memory_order_acquire); }
 
+  /// The device's command engine (started on first use): the thread that answers software
+  /// asynchronous commands, the way a device's firmware would. nullptr + ec if it cannot start.
+  command_engine* engine(std::error_code& ec) noexcept;
+
  private:
-  ~device_core() = default;
+  ~device_core();  // stops the command engine (src/cmd_comp/engine.cpp)
   std::unique_ptr<backend> backend_;
   slot_pool pool_;
   std::atomic<std::uint32_t> refs_{1};
+  std::atomic<command_engine*> engine_{nullptr};  ///< destroyed first (declared last)
 };
 
 /// Opens the backend for `name` (see compcntr::device::open). Defined in src/device.cpp.

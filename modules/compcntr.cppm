@@ -7,7 +7,8 @@
 //     c.add();
 //
 // Partitions, bottom up: cache_padded, error, types, slot (memory ordering), pool (where slots
-// live), backend (device interface), counter, device. See docs/architecture.md.
+// live), backend (device interface), counter, device, cmd_comp (asynchronous command
+// completion), refresher (mirrors of device-held counters). See docs/architecture.md.
 export module compcntr;
 export import :cache_padded;
 export import :error;
@@ -17,3 +18,5 @@ export import :pool;
 export import :backend;
 export import :counter;
 export import :device;
+export import :cmd_comp;
+export import :refresher;

@@ -79,5 +79,6 @@ int compcntr_read_err_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t *value);
 #endif
 
 /* Further call families, one header each, all reachable through this umbrella header. */
+#include <compcntr/cmd_comp.h>
 
 #endif /* COMPCNTR_COMPCNTR_H */
