@@ -99,6 +99,8 @@ class cmd_comp_core {
   virtual std::size_t try_get(std::span<query_response> out, std::error_code& ec) noexcept = 0;
   /// True while at least one response is queued.
   virtual bool ready() const noexcept = 0;
+  /// Lock-free hint for spinning: true if a response is probably queued (may be stale).
+  virtual bool probably_ready() const noexcept { return ready(); }
   /// Responses queued now (best effort for hardware-served ones).
   virtual std::size_t queued() const noexcept = 0;
   /// Discards everything, closes the fd, releases the device; the memory is freed once the

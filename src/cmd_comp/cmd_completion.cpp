@@ -2,6 +2,7 @@
 // (the fd's own O_NONBLOCK flag, read at call time) over any cmd_comp_core.
 module;
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -19,9 +20,25 @@ namespace {
 /// Queries handed to the core per issue() call: one queue push and one engine wake-up each.
 constexpr std::size_t issue_chunk = 256;
 
-/// Waits until the fd polls readable, or fails with EAGAIN when the application made it
-/// non-blocking. false + ec on failure.
-bool wait_readable(int fd, const char* call, std::error_code& ec) noexcept {
+/// How long a blocking get spins before it sleeps in poll(): an engine answers a batch within a
+/// few microseconds, while a sleep-and-wake round trip through the scheduler costs tens of
+/// microseconds (measured ~60 us per batch on the project's 2-vCPU VMs); 20 us of spinning
+/// keeps an issue-then-collect loop out of the kernel without burning a core when idle.
+constexpr auto get_spin = std::chrono::microseconds(20);
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+/// Waits until a response is probably queued (spinning briefly first) or the fd polls
+/// readable, or fails with EAGAIN when the application made the fd non-blocking.
+/// false + ec on failure.
+bool wait_readable(const detail::cmd_comp_core& core, const char* call, std::error_code& ec) noexcept {
+  const int fd = core.fd();
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0) {
     const int err = errno;
@@ -31,6 +48,12 @@ bool wait_readable(int fd, const char* call, std::error_code& ec) noexcept {
   if (flags & O_NONBLOCK)
     return detail::fail_into(ec, EAGAIN, "%s: no response is queued and the cmd_comp fd is "
                              "O_NONBLOCK", call);
+  const auto spin_end = std::chrono::steady_clock::now() + get_spin;
+  for (unsigned i = 1;; ++i) {
+    if (core.probably_ready()) return true;
+    cpu_relax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() > spin_end) break;
+  }
   pollfd p{fd, POLLIN, 0};
   if (::poll(&p, 1, -1) < 0 && errno != EINTR) {
     const int err = errno;
@@ -106,7 +129,7 @@ std::size_t cmd_completion::get(std::span<query_response> out, std::error_code& 
   for (;;) {
     const std::size_t n = core_->try_get(out, ec);
     if (n != 0 || ec) return n;
-    if (!wait_readable(core_->fd(), "get_async_cmd_comp", ec)) return 0;
+    if (!wait_readable(*core_, "get_async_cmd_comp", ec)) return 0;
   }
 }
 
@@ -141,7 +164,7 @@ int cmd_completion::get_raw(void* buf, std::size_t len) noexcept {
         return ec.value();
       }
     }
-    if (!wait_readable(core_->fd(), "get_async_cmd_comp", ec)) return ec.value();
+    if (!wait_readable(*core_, "get_async_cmd_comp", ec)) return ec.value();
   }
 }
 

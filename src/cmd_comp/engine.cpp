@@ -234,6 +234,9 @@ class engine_cmd_comp final : public cmd_comp_core {
   std::size_t issue(std::span<const slot_query> q, std::error_code& ec) noexcept override;
   std::size_t try_get(std::span<query_response> out, std::error_code& ec) noexcept override;
   bool ready() const noexcept override { return settled_count() != 0; }
+  bool probably_ready() const noexcept override {
+    return ready_count_.load(std::memory_order_relaxed) != 0;
+  }
   std::size_t queued() const noexcept override { return settled_count(); }
   void destroy() noexcept override;
 
