@@ -63,7 +63,7 @@ class verbs_backend final : public backend {
  private:
   ibv_context* ctx_;
   std::string name_;
-  bool devx_;
+  [[maybe_unused]] bool devx_;  // read only when COMPCNTR_HAVE_MLX5_DEVX
 };
 
 struct device_list {
