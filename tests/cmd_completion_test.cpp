@@ -57,7 +57,7 @@ bool readable(int fd) {
 #endif
 #endif
 #ifdef CMD_TEST_TSAN
-constexpr int stress_scale = 4;  // TSan is ~10x slower: keep the suite well under 30 s
+constexpr int stress_scale = 2;  // TSan is ~10x slower: keep the suite well under 30 s
 #else
 constexpr int stress_scale = 1;
 #endif
