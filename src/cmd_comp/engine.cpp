@@ -39,10 +39,12 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) noexcept {
             nullptr, nullptr, 0);
 }
 
-/// Idle polls of the run queue before the engine sleeps in the kernel: about 50-100 us with
-/// `pause`, long enough to catch the next batch of an issue/collect loop without a futex wake
-/// (which costs the issuer a syscall and the engine a scheduler round trip).
-constexpr unsigned engine_spin_polls = 2000;
+/// Idle polls of the run queue before the engine sleeps in the kernel: first with `pause`
+/// (~10-20 us), then with sched_yield (~50-100 us when the core is free, shorter turns when it
+/// is shared), long enough to catch the next batch of an issue/collect loop without a futex
+/// wake (which costs the issuer a syscall and the engine a scheduler round trip).
+constexpr unsigned engine_spin_polls = 256;
+constexpr unsigned engine_yield_polls = 64;
 
 }  // namespace
 
@@ -124,9 +126,13 @@ void command_engine::run() noexcept {
       if (runq_.load(std::memory_order_acquire) == nullptr) return;
       continue;
     }
-    if (idle < engine_spin_polls) {
-      ++idle;
-      cpu_relax();
+    if (idle < engine_spin_polls + engine_yield_polls) {
+      // Pause first (a consumer on another core answers within microseconds), then yield, so an
+      // engine sharing a core with the issuing thread hands it the CPU instead of spinning.
+      if (idle++ < engine_spin_polls)
+        cpu_relax();
+      else
+        std::this_thread::yield();
       continue;
     }
     const std::uint32_t seq = wake_seq_.load(std::memory_order_acquire);

@@ -131,8 +131,9 @@ class node_arena {
 class engine_cmd_comp;
 
 /// The thread that answers a device's software asynchronous commands. Reference-counted by its
-/// device and by its own thread, so the device may die on the engine thread itself (when the
-/// engine drops the last hold on a counter of an already closed device) without a self-join.
+/// device and by its own thread. The device is never released on the engine thread (a cmd_comp
+/// keeps its device reference until its in-flight queries are answered, and the engine's last
+/// act on a chain is to say so), but stop() still detaches instead of self-joining if it were.
 class command_engine {
  public:
   /// Starts the thread; nullptr + ec if it cannot.
