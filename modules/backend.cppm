@@ -14,6 +14,7 @@ module;
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -27,8 +28,10 @@ import :error;
 export namespace compcntr::detail {
 
 class device_core;
-class qp_impl;   // compcntr:qp
-class mr_impl;   // compcntr:mr
+class qp_impl;         // compcntr:qp
+class mr_impl;         // compcntr:mr
+class cmd_comp_core;   // compcntr:cmd_comp
+class command_engine;  // src/cmd_comp/engine.cpp
 
 class backend {
  public:
@@ -57,6 +60,17 @@ class backend {
   /// Programs the hardware so native counter `s` counts `op_mask` of `ibv_qp` (a struct ibv_qp*).
   /// Only called when native_context() is not null. Default: ENOTSUP.
   virtual std::error_code native_attach(void* ibv_qp, slot& s, std::uint32_t op_mask) noexcept;
+
+  /// The device side of an asynchronous counter query (compcntr:cmd_comp): fills out[i] with the
+  /// values the device holds for *slots[i] now. Called on the device's command engine thread,
+  /// one call per batch of up to command_engine_batch queries, every slot pinned (bound, never
+  /// released under the call). Default: the mirror itself, after hw->refresh for native
+  /// counters that have one. Backends whose values live elsewhere override it.
+  virtual void query_values(std::span<slot* const> slots, counter_values* out) noexcept;
+
+  /// Creates the object that serves asynchronous command completion for this device. Default:
+  /// a software cmd_comp answered by the device's command engine thread. nullptr + ec on error.
+  virtual cmd_comp_core* create_cmd_comp(device_core& dev, std::error_code& ec) noexcept;
 };
 
 /// Something that turns completions into counter updates when polled (e.g. an emulated verbs
@@ -112,6 +126,9 @@ class progress_registry {
   std::atomic<std::size_t> count_{0};
 };
 
+/// Queries the command engine answers per backend::query_values call (at most).
+inline constexpr std::size_t command_engine_batch = 64;
+
 class device_core {
  public:
   device_core(std::unique_ptr<backend> be, std::uint32_t max_counters) noexcept
@@ -137,12 +154,17 @@ class device_core {
   std::size_t progress() noexcept { return progress_.progress(); }
   progress_registry& progress_sources() noexcept { return progress_; }
 
+  /// The device's command engine (started on first use): the thread that answers software
+  /// asynchronous commands, the way a device's firmware would. nullptr + ec if it cannot start.
+  command_engine* engine(std::error_code& ec) noexcept;
+
  private:
-  ~device_core() = default;
+  ~device_core();  // stops the command engine (src/cmd_comp/engine.cpp)
   std::unique_ptr<backend> backend_;
   slot_pool pool_;
   progress_registry progress_;
   std::atomic<std::uint32_t> refs_{1};
+  std::atomic<command_engine*> engine_{nullptr};  ///< destroyed first (declared last)
 };
 
 /// Opens the backend for `name` (see compcntr::device::open). Defined in src/device.cpp.

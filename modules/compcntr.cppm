@@ -8,7 +8,8 @@
 //
 // Partitions, bottom up: cache_padded, error, types, backoff (spin, yield, block), slot (memory
 // ordering), pool (where slots live), backend (device interface), counter, mr (registered
-// memory), qp (queue pairs, attach), device, wait (wait, poll_any, pollable fds).
+// memory), qp (queue pairs, attach), device, wait (wait, poll_any, pollable fds), cmd_comp
+// (asynchronous command completion), refresher (mirrors of device-held counters).
 // See docs/architecture.md.
 export module compcntr;
 export import :cache_padded;
@@ -23,3 +24,5 @@ export import :mr;
 export import :qp;
 export import :device;
 export import :wait;
+export import :cmd_comp;
+export import :refresher;

@@ -16,6 +16,7 @@
 module;
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -49,6 +50,10 @@ class device {
   /// Opens `name`: "soft", "auto" / "" (native if one works, else soft), or a verbs device name.
   /// On failure returns an empty device and sets ec (ENODEV: no such device).
   static device open(std::string_view name, std::error_code& ec) noexcept;
+  /// Opens a device served by a backend built outside the library (tests' fake devices, out-of-
+  /// tree backends). Takes ownership of `be`; the pool capacity follows COMPCNTR_MAX_COUNTERS.
+  /// On failure returns an empty device and sets ec (EINVAL: `be` is null).
+  static device from_backend(std::unique_ptr<detail::backend> be, std::error_code& ec) noexcept;
 
   explicit operator bool() const noexcept { return core_ != nullptr; }
   std::string_view name() const noexcept { return core_->be().name(); }

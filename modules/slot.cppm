@@ -56,6 +56,9 @@ inline constexpr std::uint32_t watch_fd_armed = 1u << 24;           ///< a polla
 inline constexpr std::uint32_t watch_hook = 1u << 25;               ///< an update hook is armed
 inline constexpr std::uint32_t watch_pollers = 1u << 26;            ///< poll_any sleepers in ext
 
+/// Bit of slot::pins: the counter's last reference is gone; the last unpin releases the slot.
+inline constexpr std::uint32_t pins_dead = 1u << 31;
+
 /// Extension block for rarely used per-counter features, allocated on demand (first pollable_fd
 /// or first poll_any that sleeps on the counter) and freed when the counter is destroyed: the
 /// counter's eventfd and the list of sleeping poll_any calls. Defined in src/wait/ext.cpp, the
@@ -80,6 +83,11 @@ struct alignas(false_sharing_range) slot {
   std::atomic<slot_ext*> ext{nullptr};      ///< optional features (see slot_ext)
   counter_type type = counter_type::wrs;
   std::int32_t numa_node = 0;               ///< node whose memory holds this slot
+  /// Transient holds that keep the slot bound and owned while the counter may already be
+  /// destroyed: in-flight asynchronous queries and mirror refreshers (compcntr:cmd_comp). Low
+  /// 31 bits: number of holds; pins_dead: the last reference (owner, QPs) is gone and the last
+  /// unpin must finish the destruction. Unlike `refs`, pins never make destroy EBUSY.
+  std::atomic<std::uint32_t> pins{0};
 
   // ---- hot operations (inline: one atomic each on the software path) ----
 
@@ -135,6 +143,7 @@ inline void reset_slot(slot& s) noexcept {
   s.watch.store(0, std::memory_order_relaxed);
   s.hw = nullptr;
   s.refs.store(1, std::memory_order_relaxed);
+  s.pins.store(0, std::memory_order_relaxed);
   s.owner = nullptr;
   s.backend_data = nullptr;
   s.ext.store(nullptr, std::memory_order_relaxed);

@@ -29,6 +29,13 @@ struct counter_caps {
   std::uint32_t supported_qp_attach_ops = 0;  ///< attach_op bits the device can count
 };
 
+/// Both values of a counter at one moment: the answer to an asynchronous counter query
+/// (compcntr:cmd_comp). Same layout as the C struct compcntr_comp_cntr_values {comp, err}.
+struct counter_values {
+  std::uint64_t completions = 0;  ///< completion count
+  std::uint64_t errors = 0;       ///< error count
+};
+
 /// Creation options for a counter.
 struct counter_options {
   counter_type type = counter_type::wrs;

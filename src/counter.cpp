@@ -33,17 +33,34 @@ void counter::reset() noexcept {
 
 namespace detail {
 
+namespace {
+// Unbinds the slot from its backend, returns it to the pool and drops the device reference the
+// counter held. Runs exactly once per counter, in whichever thread drops the last hold.
+void finish_counter_slot(slot& s) noexcept {
+  device_core* dev = s.owner;
+  dev->be().unbind_counter(s);
+  free_slot_ext(s);  // the counter's fd and poll registrations block (compcntr:wait)
+  dev->pool().release(s);
+  dev->release();
+}
+}  // namespace
+
 void unref_counter_slot(slot& s) noexcept {
   if (s.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   free_counter_slot(s);
 }
 
 void free_counter_slot(slot& s) noexcept {
-  device_core* dev = s.owner;
-  dev->be().unbind_counter(s);
-  free_slot_ext(s);  // the counter's fd and poll registrations block (compcntr:wait)
-  dev->pool().release(s);
-  dev->release();
+  // Last reference (owner, QPs) gone. Transient pins (in-flight async queries, refreshers) keep
+  // the slot bound until the last of them is dropped: mark it dead; if no pin is held now, finish
+  // here, else unpin_slot() finishes. Memory ordering: acq_rel RMWs on `pins` on both sides, so
+  // exactly one side sees the other's update and whoever finishes sees every prior write.
+  if (s.pins.fetch_or(pins_dead, std::memory_order_acq_rel) != 0) return;
+  finish_counter_slot(s);
+}
+
+void unpin_slot(slot& s) noexcept {
+  if (s.pins.fetch_sub(1, std::memory_order_acq_rel) == (pins_dead | 1u)) finish_counter_slot(s);
 }
 
 }  // namespace detail

@@ -50,6 +50,14 @@ device device::open(std::string_view name, std::error_code& ec) noexcept {
     if (!ec) detail::fail_into(ec, ENOMEM, "open_device: out of memory");
     return {};
   }
+  return from_backend(std::move(be), ec);
+}
+
+device device::from_backend(std::unique_ptr<detail::backend> be, std::error_code& ec) noexcept {
+  if (!be) {
+    detail::fail_into(ec, EINVAL, "open_device: backend is NULL");
+    return {};
+  }
   std::uint32_t max_counters = 0;
   if (auto e = detail::max_counters_from_env(max_counters)) {
     ec = e;

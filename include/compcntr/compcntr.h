@@ -82,5 +82,6 @@ int compcntr_read_err_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t *value);
 #include <compcntr/qp.h>
 #include <compcntr/verbs.h>
 #include <compcntr/wait.h>
+#include <compcntr/cmd_comp.h>
 
 #endif /* COMPCNTR_COMPCNTR_H */

@@ -32,7 +32,14 @@ module;
 #include <infiniband/verbs.h>
 #endif
 #include "verbs/native_comp_cntr.hpp"
+#if COMPCNTR_HAVE_MLX5_DEVX
+#include <infiniband/mlx5dv.h>
+#endif
 module compcntr;
+
+#if COMPCNTR_HAVE_MLX5_DEVX
+#include "mlx5_devx.hpp"
+#endif
 
 namespace compcntr::detail {
 
@@ -108,7 +115,9 @@ class mirror_source final : public progress_source {
 
 class verbs_backend final : public backend {
  public:
-  verbs_backend(ibv_context* ctx, std::string name) noexcept : ctx_(ctx), name_(std::move(name)) {
+  /// `devx`: ctx was opened with mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX).
+  verbs_backend(ibv_context* ctx, std::string name, bool devx) noexcept
+      : ctx_(ctx), name_(std::move(name)), devx_(devx) {
     compcntr_native::caps c{};
     native_ = compcntr_native::query_caps(ctx_, &c) == 0;
     if (native_)
@@ -159,6 +168,9 @@ class verbs_backend final : public backend {
   }
 
   void unbind_counter(slot& s) noexcept override {
+#if COMPCNTR_HAVE_MLX5_DEVX
+    mlx5_unbind_flow_counter(s);  // no-op unless the slot is DEVX-backed
+#endif
     if (!s.backend_data) return;
     if (s.hw == &native_ops<true>::table) {
       auto lk = s.owner->progress_sources().lock();
@@ -181,12 +193,21 @@ class verbs_backend final : public backend {
     return {};
   }
 
+  /// mlx5 devices with DEVX answer asynchronous commands through mlx5dv_devx_* (see
+  /// src/verbs/mlx5_devx.cpp); every other device through the software command engine.
+  cmd_comp_core* create_cmd_comp(device_core& dev, std::error_code& ec) noexcept override {
+#if COMPCNTR_HAVE_MLX5_DEVX
+    if (devx_) return make_mlx5_devx_cmd_comp(dev, ctx_, ec);
+#endif
+    return backend::create_cmd_comp(dev, ec);
+  }
  private:
   ibv_context* ctx_;
   std::string name_;
   bool native_ = false;
   counter_caps caps_{};
   mirror_source mirrors_;
+  [[maybe_unused]] bool devx_;  // read only when COMPCNTR_HAVE_MLX5_DEVX
 };
 
 struct device_list {
@@ -213,13 +234,24 @@ std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_co
   for (int i = 0; i < devs.n; ++i) {
     const char* dev_name = ibv_get_device_name(devs.list[i]);
     if (!name.empty() && name != dev_name) continue;
-    ibv_context* ctx = ibv_open_device(devs.list[i]);
+    ibv_context* ctx = nullptr;
+    bool devx = false;
+#if COMPCNTR_HAVE_MLX5_DEVX
+    // mlx5: open with DEVX when the kernel and permissions allow it, for asynchronous commands.
+    if (mlx5dv_is_supported(devs.list[i])) {
+      mlx5dv_context_attr attr{};
+      attr.flags = MLX5DV_CONTEXT_FLAGS_DEVX;
+      ctx = mlx5dv_open_device(devs.list[i], &attr);
+      devx = ctx != nullptr;
+    }
+#endif
+    if (!ctx) ctx = ibv_open_device(devs.list[i]);
     if (!ctx) {
       open_errno = errno;
       if (!name.empty()) break;
       continue;
     }
-    auto* be = new (std::nothrow) verbs_backend(ctx, dev_name);
+    auto* be = new (std::nothrow) verbs_backend(ctx, dev_name, devx);
     if (!be) {
       ibv_close_device(ctx);
       fail_into(ec, ENOMEM, "open_device: out of memory");
