@@ -7,7 +7,7 @@
 //     c.add();
 //
 // Partitions, bottom up: cache_padded, error, types, slot (memory ordering), pool (where slots
-// live), backend (device interface), counter, device. See docs/architecture.md.
+// live), backend (device interface), counter, counter_ref (handles), device. See docs/architecture.md.
 export module compcntr;
 export import :cache_padded;
 export import :error;
@@ -16,4 +16,5 @@ export import :slot;
 export import :pool;
 export import :backend;
 export import :counter;
+export import :counter_ref;
 export import :device;

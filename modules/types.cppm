@@ -29,10 +29,22 @@ struct counter_caps {
   std::uint32_t supported_qp_attach_ops = 0;  ///< attach_op bits the device can count
 };
 
+/// A counter's name that can be kept after the counter is gone: its slot index and the slot's
+/// generation when the handle was taken (compcntr::counter::handle()). Resolve it with
+/// compcntr::device::resolve(): a handle whose counter was destroyed is ESTALE, never the slot's
+/// next owner. Meaningful only for the device whose counter produced it. A default-constructed
+/// handle names no counter (resolve() says EINVAL).
+struct counter_handle {
+  std::uint64_t generation = 0;
+  std::uint32_t index = UINT32_MAX;
+  friend bool operator==(const counter_handle&, const counter_handle&) = default;
+};
+
 /// Creation options for a counter.
 struct counter_options {
   counter_type type = counter_type::wrs;
-  /// NUMA node for the counter's slot; negative: the node of the creating thread.
+  /// NUMA node (OS index, as numactl and /sys/devices/system/node number them) for the
+  /// counter's slot; negative: the node local to the CPU the creating thread runs on.
   int numa_node = -1;
 };
 
