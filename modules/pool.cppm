@@ -16,9 +16,10 @@
 //     defeats ABA) and a bump word (arena + 1) << 32 | next position for never-used slots of the
 //     node's current arena.
 //
-// Placement: allocate(-1) uses the node local to the CPU the calling thread runs on (the first
-// NUMA node met walking up from that PU in the hwloc tree); allocate(n) uses OS node n, EINVAL if
-// the topology has no node n. The CPU comes from the kernel's rseq area (what glibc's
+// Placement: allocate(-1) uses the node local to the CPU the calling thread runs on (of the
+// NUMA nodes whose cpuset holds that CPU, the one with the smallest cpuset: a package's DRAM
+// rather than a CPU-less memory node attached to the whole machine; CPUs the topology does not
+// know go to the first node); allocate(n) uses OS node n, EINVAL if the topology has no node n. The CPU comes from the kernel's rseq area (what glibc's
 // sched_getcpu() and hwloc_get_last_cpu_location(HWLOC_CPUBIND_THREAD) return on Linux, read in
 // ~0.2 ns; sched_getcpu() itself is the fallback), or from pool_config::current_cpu. It is read
 // on every allocation, never cached: it costs less than a cache lookup and is never stale after a
