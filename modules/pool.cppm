@@ -142,7 +142,8 @@ class slot_pool {
   slot* allocate(int numa_node, std::error_code& ec) noexcept;
 
   /// Returns `s` to its node's free list; its generation is bumped first.
-  /// Memory ordering: relaxed generation bump, then a release CAS pushing the slot (publishes
+  /// Memory ordering: relaxed generation bump (load + store: the releaser is the only writer),
+  /// then a release CAS pushing the slot (publishes
   /// the bump and every write of the owner to the next allocate() of the slot), then a release
   /// decrement of the live count.
   void release(slot& s) noexcept;
