@@ -73,26 +73,27 @@ class counter_ref {
 
   explicit operator bool() const noexcept { return s_ != nullptr; }
 
-  /// As the counter operations of the same name (compcntr:counter, compcntr:slot).
-  std::uint64_t value() const noexcept { return s_->load_value(); }
-  std::uint64_t errors() const noexcept { return s_->load_errors(); }
-  void add(std::uint64_t n = 1) noexcept { s_->add(n); }
-  void add_error(std::uint64_t n = 1) noexcept { s_->add_error(n); }
-  void set(std::uint64_t v) noexcept { s_->set(v); }
-  void set_error(std::uint64_t v) noexcept { s_->set_error(v); }
-  counter_type type() const noexcept { return s_->type; }
-  int numa_node() const noexcept { return s_->numa_node; }
-  std::uint32_t index() const noexcept { return s_->index; }
-  counter_handle handle() const noexcept {
+  /// As the counter operations of the same name (compcntr:counter, compcntr:slot). Explicitly
+  /// `inline`: member functions of a named module are not implicitly inline in C++20.
+  inline std::uint64_t value() const noexcept { return s_->load_value(); }
+  inline std::uint64_t errors() const noexcept { return s_->load_errors(); }
+  inline void add(std::uint64_t n = 1) noexcept { s_->add(n); }
+  inline void add_error(std::uint64_t n = 1) noexcept { s_->add_error(n); }
+  inline void set(std::uint64_t v) noexcept { s_->set(v); }
+  inline void set_error(std::uint64_t v) noexcept { s_->set_error(v); }
+  inline counter_type type() const noexcept { return s_->type; }
+  inline int numa_node() const noexcept { return s_->numa_node; }
+  inline std::uint32_t index() const noexcept { return s_->index; }
+  inline counter_handle handle() const noexcept {
     return {s_->generation.load(std::memory_order_relaxed), s_->index};
   }
 
   /// Drops the reference; if the counter's owner destroyed it meanwhile, this destroys it.
-  void reset() noexcept {
+  inline void reset() noexcept {
     if (detail::slot* s = std::exchange(s_, nullptr)) detail::unref_counter_slot(*s);
   }
 
-  detail::slot* native_slot() const noexcept { return s_; }
+  inline detail::slot* native_slot() const noexcept { return s_; }
 
  private:
   friend class device;

@@ -150,13 +150,15 @@ class slot_pool {
 
   /// The slot at `index` (live or not), or nullptr if no arena holds that index.
   /// Memory ordering: acquire load of the arena pointer.
-  slot* find(std::uint32_t index) const noexcept {
+  inline slot* find(std::uint32_t index) const noexcept {
     const std::uint32_t a = index >> arena_shift_;
     if (a >= arena_budget_) return nullptr;
     slot* base = arenas_[a].base.load(std::memory_order_acquire);
     return base ? base + (index & (arena_slots_ - 1)) : nullptr;
   }
 
+  // (Member functions defined in a class of a named module are not implicitly inline in C++20:
+  // the hot ones say `inline` so importers can inline them.)
   std::uint32_t capacity() const noexcept { return capacity_; }
   /// Slots live or being created (relaxed snapshot).
   std::uint32_t live() const noexcept { return live_->load(std::memory_order_relaxed); }

@@ -142,8 +142,16 @@ slot* slot_pool::pop_free(node_state& n) noexcept {
     // and its CAS while exactly a multiple of 2^32 pushes and pops hit this node.
     const std::uint32_t next = s->next_free.load(std::memory_order_relaxed);
     if (n.free_head->compare_exchange_weak(head, pack(hi_of(head) + 1, next),
-                                           std::memory_order_acquire, std::memory_order_acquire))
+                                           std::memory_order_acquire, std::memory_order_acquire)) {
+      // The next pop will chase `next`: start its two cache misses now (a cold free list is a
+      // linked list through 128 MB for a million counters; each hop is a dependent DRAM load).
+      if (next != 0) {
+        const slot* n2 = find(next - 1);
+        __builtin_prefetch(n2, 1, 3);
+        __builtin_prefetch(reinterpret_cast<const char*>(n2) + cache_line_size, 1, 3);
+      }
       return s;
+    }
   }
   return nullptr;
 }
