@@ -12,6 +12,9 @@
 //     hwloc_alloc_membind(nodeset, HWLOC_MEMBIND_BIND) and grown on demand. A slot's index is
 //     arena * arena_slots() + position; arenas are never freed before the pool dies, so a slot
 //     pointer or index stays dereferenceable (a stale one is recognised by its generation).
+//     A slot is constructed when first handed out, so an arena's pages become resident only as
+//     its slots are used: resident pool memory is 128 B per slot ever used (plus at most one
+//     partly used page per node), not per slot reserved.
 //   * per node: a Treiber stack of free slot indices (head = 32-bit tag << 32 | index + 1, the tag
 //     defeats ABA) and a bump word (arena + 1) << 32 | next position for never-used slots of the
 //     node's current arena.
@@ -212,6 +215,7 @@ class slot_pool {
   void push_free(node_state& n, slot& s) noexcept;
   slot* bump_slot(node_state& n, std::uint64_t& seen) noexcept;
   grow_result grow(int node, std::uint64_t seen, slot*& out) noexcept;
+  slot* construct_slot(void* where, std::uint32_t index, int node) noexcept;
 
   std::uint32_t capacity_ = 0;
   std::uint32_t arena_slots_ = default_arena_slots;

@@ -32,8 +32,10 @@ struct counter_caps {
 /// A counter's name that can be kept after the counter is gone: its slot index and the slot's
 /// generation when the handle was taken (compcntr::counter::handle()). Resolve it with
 /// compcntr::device::resolve(): a handle whose counter was destroyed is ESTALE, never the slot's
-/// next owner. Meaningful only for the device whose counter produced it. A default-constructed
-/// handle names no counter (resolve() says EINVAL).
+/// next owner. A default-constructed handle names no counter (resolve() says EINVAL). Resolve a
+/// handle only with the device whose counter produced it: a handle of another device, or one
+/// made up, may name a slot that was never handed out (undefined behaviour), unless its index
+/// lies past the device's arenas (EINVAL).
 struct counter_handle {
   std::uint64_t generation = 0;
   std::uint32_t index = UINT32_MAX;

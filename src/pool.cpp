@@ -11,6 +11,7 @@ module;
 #include <new>
 #include <string>
 #include <system_error>
+#include <type_traits>
 module compcntr;
 
 namespace compcntr::detail {
@@ -94,11 +95,9 @@ slot_pool::slot_pool(const pool_config& cfg) noexcept
 slot_pool::~slot_pool() {
   const std::uint32_t used = arenas_used_.load(std::memory_order_acquire);
   const std::size_t bytes = std::size_t{arena_slots_} * sizeof(slot);
-  for (std::uint32_t a = 0; a < used; ++a) {
-    slot* base = arenas_[a].base.load(std::memory_order_relaxed);
-    for (std::uint32_t i = 0; i < arena_slots_; ++i) base[i].~slot();
-    numa_topology_free(topo_, base, bytes);
-  }
+  static_assert(std::is_trivially_destructible_v<slot>, "arenas are freed without destructor calls");
+  for (std::uint32_t a = 0; a < used; ++a)
+    numa_topology_free(topo_, arenas_[a].base.load(std::memory_order_relaxed), bytes);
   destroy_numa_topology(topo_);
 }
 
@@ -175,7 +174,16 @@ slot* slot_pool::bump_slot(node_state& n, std::uint64_t& seen) noexcept {
   seen = w;
   if (lo_of(w) >= arena_slots_) return nullptr;
   // The acquire above pairs with grow()'s release store of this word: the arena is visible.
-  return arenas_[hi_of(w) - 1].base.load(std::memory_order_relaxed) + lo_of(w);
+  const std::uint32_t a = hi_of(w) - 1;
+  return construct_slot(arenas_[a].base.load(std::memory_order_relaxed) + lo_of(w),
+                        a * arena_slots_ + lo_of(w), arenas_[a].node);
+}
+
+slot* slot_pool::construct_slot(void* where, std::uint32_t index, int node) noexcept {
+  slot* s = new (where) slot;
+  s->index = index;
+  s->numa_node = nodes_[node].os_index;  // fixed for the slot's life
+  return s;
 }
 
 slot_pool::grow_result slot_pool::grow(int node, std::uint64_t seen, slot*& out) noexcept {
@@ -190,13 +198,10 @@ slot_pool::grow_result slot_pool::grow(int node, std::uint64_t seen, slot*& out)
   bool bound = false;
   void* mem = numa_topology_alloc(topo_, node, bytes, bound);
   if (!mem) return grow_result::no_memory;  // nothing consumed: the next call tries again
-  slot* base = static_cast<slot*>(mem);
-  const int os_index = nodes_[node].os_index;
-  for (std::uint32_t i = 0; i < arena_slots_; ++i) {
-    slot* s = new (&base[i]) slot;
-    s->index = a * arena_slots_ + i;
-    s->numa_node = os_index;  // fixed for the slot's life
-  }
+  // Slots are constructed one by one as bump_slot() hands them out, not here: an arena's pages
+  // are only touched (and resident) once used, so resident memory is 128 B per slot ever used,
+  // and the critical section stays short.
+  slot* base = construct_slot(mem, a * arena_slots_, node);
   if (!bound) unbound_arenas_.fetch_add(1, std::memory_order_relaxed);
   arenas_[a].node = node;
   arenas_[a].base.store(base, std::memory_order_release);
