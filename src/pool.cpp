@@ -144,8 +144,7 @@ slot* slot_pool::pop_free(node_state& n) noexcept {
                                            std::memory_order_acquire, std::memory_order_acquire)) {
       // The next pop will chase `next`: start its two cache misses now (a cold free list is a
       // linked list through 128 MB for a million counters; each hop is a dependent DRAM load).
-      if (next != 0) {
-        const slot* n2 = find(next - 1);
+      if (const slot* n2 = next != 0 ? find(next - 1) : nullptr) {
         __builtin_prefetch(n2, 1, 3);
         __builtin_prefetch(reinterpret_cast<const char*>(n2) + cache_line_size, 1, 3);
       }

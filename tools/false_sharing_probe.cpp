@@ -1,8 +1,8 @@
 // false_sharing_probe: does a counter 64 bytes away from another one slow it down, compared with
 // 128 bytes away? The measurement behind compcntr::false_sharing_range (modules/cache_padded.cppm).
 //
-// Two threads, pinned to CPUs 0 and 1, each do `lock xadd` (std::atomic fetch_add, seq_cst) on
-// their own 8-byte counter; the two counters are `distance` bytes apart. Layouts (offsets from a
+// Two threads, pinned to CPUs 0 and 1, each do a locked increment (std::atomic fetch_add, seq_cst;
+// `lock inc` or `lock xadd`) on their own 8-byte counter. Layouts (byte offsets of the two from a
 // 4096-byte aligned base):
 //   same-word     0 / 0       one shared counter (true sharing, the worst case)
 //   8             0 / 8       same 64-byte line (false sharing)
