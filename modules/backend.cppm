@@ -3,13 +3,21 @@
 // A device = one backend (soft, verbs, ...) + one slot pool + a reference count. The C++
 // compcntr::device handle holds one reference; every live object created from the device
 // (counter, QP, cmd_comp, ...) holds one more, so a device never dies under its objects.
+//
+// Progress: completions that do not happen inside a compcntr call (an emulated verbs QP's CQ
+// entries) are drained by progress sources registered with the device (progress_registry).
+// device_core::progress() runs them; for a device with no source it is one relaxed load.
 module;
 #include <atomic>
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 export module compcntr:backend;
 import :slot;
 import :pool;
@@ -17,6 +25,10 @@ import :types;
 import :error;
 
 export namespace compcntr::detail {
+
+class device_core;
+class qp_impl;   // compcntr:qp
+class mr_impl;   // compcntr:mr
 
 class backend {
  public:
@@ -33,6 +45,71 @@ class backend {
   virtual std::error_code bind_counter(slot& s) noexcept;
   /// Called when the counter is destroyed, before its slot returns to the pool.
   virtual void unbind_counter(slot& s) noexcept;
+  /// A new QP in RESET (it holds a reference to `dev`). Default: ENOTSUP (no compcntr-made QPs).
+  virtual qp_impl* create_qp(device_core& dev, std::error_code& ec) noexcept;
+  /// Registers [addr, addr+length) with `access` (compcntr::access bits). Default: ENOTSUP.
+  virtual mr_impl* reg_mr(device_core& dev, void* addr, std::size_t length, std::uint32_t access,
+                          std::error_code& ec) noexcept;
+  /// The ibv_context (as void*) when this device's counters are native hardware counters that
+  /// an ibv_qp can be attached to with ibv_qp_attach_comp_cntr; nullptr otherwise (counters are
+  /// software slots and wrapped verbs QPs are counted by draining their CQs).
+  virtual void* native_context() const noexcept { return nullptr; }
+  /// Programs the hardware so native counter `s` counts `op_mask` of `ibv_qp` (a struct ibv_qp*).
+  /// Only called when native_context() is not null. Default: ENOTSUP.
+  virtual std::error_code native_attach(void* ibv_qp, slot& s, std::uint32_t op_mask) noexcept;
+};
+
+/// Something that turns completions into counter updates when polled (e.g. an emulated verbs
+/// QP's completion queue). Owned by whoever registered it; polled under the registry's lock.
+class progress_source {
+ public:
+  virtual ~progress_source() = default;
+  /// Consumes pending completions; returns how many were consumed.
+  virtual std::size_t poll() noexcept = 0;
+};
+
+/// The progress sources of one device.
+///
+/// Guarantees: progress() polls every source, one thread at a time; a thread that finds another
+/// one progressing returns 0 at once instead of queueing behind it (the other thread is doing
+/// the work). add()/remove() wait for a running progress() to finish, so after remove() returns
+/// the source is never polled again.
+/// Memory ordering: `count_` is a relaxed hint for the fast "nothing registered" exit; the mutex
+/// orders everything else (a source added before a progress() call starts is polled by it).
+class progress_registry {
+ public:
+  std::size_t progress() noexcept {
+    if (count_.load(std::memory_order_relaxed) == 0) return 0;
+    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+    if (!lk.owns_lock()) return 0;
+    std::size_t n = 0;
+    for (progress_source* s : sources_) n += s->poll();
+    return n;
+  }
+  /// ENOMEM if the list cannot grow. Call with lock() held.
+  std::error_code add_locked(progress_source& s) noexcept {
+    try {
+      sources_.push_back(&s);
+    } catch (...) {
+      return fail(ENOMEM, "progress: out of memory registering a completion source");
+    }
+    count_.store(sources_.size(), std::memory_order_relaxed);
+    return {};
+  }
+  /// Call with lock() held.
+  void remove_locked(progress_source& s) noexcept {
+    std::erase(sources_, &s);
+    count_.store(sources_.size(), std::memory_order_relaxed);
+  }
+  const std::vector<progress_source*>& sources_locked() const noexcept { return sources_; }
+  /// Blocks while a progress() call runs.
+  std::unique_lock<std::mutex> lock() noexcept { return std::unique_lock<std::mutex>(mu_); }
+  bool empty() const noexcept { return count_.load(std::memory_order_relaxed) == 0; }
+
+ private:
+  std::mutex mu_;
+  std::vector<progress_source*> sources_;
+  std::atomic<std::size_t> count_{0};
 };
 
 class device_core {
@@ -55,10 +132,16 @@ class device_core {
   std::error_code close() noexcept;
   std::uint32_t refs() const noexcept { return refs_.load(std::memory_order_acquire); }
 
+  /// Drains this device's progress sources (emulated verbs CQs); returns the completions
+  /// consumed. 0 at the cost of one relaxed load when the device has none (software device).
+  std::size_t progress() noexcept { return progress_.progress(); }
+  progress_registry& progress_sources() noexcept { return progress_; }
+
  private:
   ~device_core() = default;
   std::unique_ptr<backend> backend_;
   slot_pool pool_;
+  progress_registry progress_;
   std::atomic<std::uint32_t> refs_{1};
 };
 

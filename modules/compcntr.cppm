@@ -7,7 +7,8 @@
 //     c.add();
 //
 // Partitions, bottom up: cache_padded, error, types, slot (memory ordering), pool (where slots
-// live), backend (device interface), counter, counter_ref (handles), device. See docs/architecture.md.
+// live), backend (device interface), counter, counter_ref (handles), mr (registered memory),
+// qp (queue pairs, attach), device. See docs/architecture.md.
 export module compcntr;
 export import :cache_padded;
 export import :error;
@@ -17,4 +18,6 @@ export import :pool;
 export import :backend;
 export import :counter;
 export import :counter_ref;
+export import :mr;
+export import :qp;
 export import :device;

@@ -101,6 +101,7 @@ export namespace compcntr::detail {
 /// to the pool and releases the device reference it held. Defined in src/counter.cpp.
 /// Memory ordering: acq_rel decrement (the last holder sees every holder's writes).
 void unref_counter_slot(slot& s) noexcept;
-/// What unref_counter_slot does after the last reference is gone (refs already 0).
-void retire_counter_slot(slot& s) noexcept;
+/// Frees a counter slot whose references are all gone (refs == 0): unbinds it from its backend,
+/// returns it to the pool and releases the device reference it held.
+void free_counter_slot(slot& s) noexcept;
 }  // namespace compcntr::detail

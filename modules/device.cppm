@@ -1,7 +1,7 @@
 // compcntr:device -- an opened device (software or RDMA), the factory of counters.
 //
-// Purpose: one handle per opened device; counters (and, in later layers, QPs and command
-// completions) are created from it.
+// Purpose: one handle per opened device; counters, QPs, memory regions (and, in later layers,
+// command completions) are created from it.
 // Requirements: move-only. Creating objects from one device in many threads at once is allowed.
 // Guarantees:
 //   * open("soft") always works; open("auto") (or an empty name) picks a native RDMA device that
@@ -14,6 +14,7 @@
 //     auto dev = compcntr::device::open("auto", ec);        // "soft" on a machine without RDMA
 //     auto c = dev.create_counter(compcntr::counter_type::bytes, ec);
 module;
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <system_error>
@@ -21,6 +22,8 @@ module;
 export module compcntr:device;
 import :counter;
 import :counter_ref;
+import :mr;
+import :qp;
 import :backend;
 import :types;
 import :error;
@@ -69,6 +72,28 @@ class device {
     return counter_ref(detail::resolve_counter_slot(core_->pool(), h, ec));
   }
 
+  /// A new QP in RESET (software device). ENOTSUP on a verbs device (wrap your own ibv_qp with
+  /// wrap_verbs_qp), ENOMEM.
+  qp create_qp(std::error_code& ec) noexcept;
+  /// Registers [addr, addr+length) with compcntr::access bits (software device). EINVAL: addr
+  /// NULL, length 0, range wrapping the address space, unknown access bits, or remote_write
+  /// without local_write (verbs rule). ENOTSUP on a verbs device.
+  memory_region reg_mr(void* addr, std::size_t length, std::uint32_t access,
+                       std::error_code& ec) noexcept;
+  /// Counts the application's own ibv_qp with this device's counters (docs/verbs.md): native
+  /// hardware attach where the device has native counters (the QP must belong to this device's
+  /// context), else emulation by draining opts.send_cq/recv_cq in progress() (any device,
+  /// including "soft"). The qp wrapper does not own the ibv_qp. EINVAL: NULL ibv_qp, comp_mask
+  /// != 0, no send_cq for emulation, QP of another context.
+  qp wrap_verbs_qp(ibv_qp* vqp, const verbs_qp_options& opts, std::error_code& ec) noexcept;
+
+  /// Drains this device's pending completions that no compcntr call delivers by itself (the
+  /// CQs of wrapped verbs QPs under emulation) into their counters; returns how many were
+  /// consumed. Cheap (one relaxed load, returns 0) on a device with nothing to drain, such as
+  /// the software device whose completions happen inside the posting calls. Thread-safe; a
+  /// thread that finds another one progressing returns 0 at once.
+  std::size_t progress() noexcept { return core_->progress(); }
+
   /// Closes the device now: EBUSY (and nothing changes) while objects of it live.
   void close(std::error_code& ec) noexcept;
 
@@ -81,5 +106,12 @@ class device {
   explicit device(detail::device_core* c) noexcept : core_(c) {}
   detail::device_core* core_ = nullptr;
 };
+
+/// Progress for the device that feeds `c` (see device::progress): the entry point for waiters
+/// and pollers that must drive emulated completions while they spin. 0 and cheap when that
+/// device needs no progress.
+inline std::size_t progress(const counter& c) noexcept {
+  return c.native_slot()->owner->progress();
+}
 
 }  // namespace compcntr

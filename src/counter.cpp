@@ -19,8 +19,11 @@ void counter::destroy(std::error_code& ec) noexcept {
                       "attachment(s) or counter_ref(s)", s_->index, expected - 1);
     return;
   }
-  // refs is 0 from here on (never 0 -> 1 -> 0 again): resolve() cannot take a new reference.
-  detail::retire_counter_slot(*std::exchange(s_, nullptr));
+  // refs stays 0 from here on: an attach or a resolve() that looks now sees 0 and is refused.
+  // (Storing 1 back and dropping it with unref_counter_slot would reopen a window in which an
+  // attach or a resolve() succeeds on a counter being destroyed.)
+  detail::slot* s = std::exchange(s_, nullptr);
+  detail::free_counter_slot(*s);
   ec.clear();
 }
 
@@ -31,10 +34,11 @@ void counter::reset() noexcept {
 namespace detail {
 
 void unref_counter_slot(slot& s) noexcept {
-  if (s.refs.fetch_sub(1, std::memory_order_acq_rel) == 1) retire_counter_slot(s);
+  if (s.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  free_counter_slot(s);
 }
 
-void retire_counter_slot(slot& s) noexcept {
+void free_counter_slot(slot& s) noexcept {
   device_core* dev = s.owner;
   dev->be().unbind_counter(s);
   dev->pool().release(s);

@@ -55,6 +55,9 @@ device device::open(std::string_view name, std::error_code& ec) noexcept {
     ec = e;
     return {};
   }
+  // A native device may hold fewer counters than the pool could (0: no device limit).
+  if (const std::uint32_t hw = be->caps().max_counters; hw != 0 && hw < max_counters)
+    max_counters = hw;
   auto* core = new (std::nothrow) detail::device_core(std::move(be), max_counters);
   if (!core) {
     detail::fail_into(ec, ENOMEM, "open_device: out of memory");

@@ -82,5 +82,7 @@ int compcntr_comp_cntr_numa_node(struct compcntr_comp_cntr *cc);
 #endif
 
 /* Further call families, one header each, all reachable through this umbrella header. */
+#include <compcntr/qp.h>
+#include <compcntr/verbs.h>
 
 #endif /* COMPCNTR_COMPCNTR_H */

@@ -26,6 +26,15 @@ static_assert(std::is_standard_layout_v<c_counter>);
 
 inline c_counter* impl(compcntr_comp_cntr* cc) noexcept { return reinterpret_cast<c_counter*>(cc); }
 
+}  // namespace compcntr::c_api
+
+// A C QP: the C++ owner (heap-allocated, so use after destroy is caught by AddressSanitizer).
+struct compcntr_qp {
+  compcntr::qp cxx;
+};
+
+namespace compcntr::c_api {
+
 /// EINVAL with the message "<call>: <what> is NULL".
 inline int null_arg(const char* call, const char* what) noexcept {
   return compcntr::detail::fail(EINVAL, "%s: %s is NULL", call, what).value();

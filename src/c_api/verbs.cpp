@@ -1,0 +1,43 @@
+// The C API of wrapped verbs QPs (include/compcntr/verbs.h).
+#include <compcntr/compcntr.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <string>
+#include <system_error>
+#include <type_traits>
+
+import compcntr;
+
+#include "internal.hpp"
+
+using namespace compcntr::c_api;
+using compcntr::detail::fail;
+
+extern "C" {
+
+struct compcntr_qp* compcntr_wrap_ibv_qp(struct compcntr_device* dev, struct ibv_qp* vqp,
+                                         const struct compcntr_verbs_qp_attr* attr) {
+  if (!dev) return fail_null<compcntr_qp>(fail(EINVAL, "wrap_verbs_qp: dev is NULL"));
+  if (!vqp) return fail_null<compcntr_qp>(fail(EINVAL, "wrap_verbs_qp: ibv_qp is NULL"));
+  if (!attr) return fail_null<compcntr_qp>(fail(EINVAL, "wrap_verbs_qp: attr is NULL"));
+  compcntr::verbs_qp_options opts;
+  opts.comp_mask = attr->comp_mask;
+  opts.send_cq = attr->send_cq;
+  opts.recv_cq = attr->recv_cq;
+  opts.wr_info = attr->wr_info;
+  opts.wr_info_ctx = attr->wr_info_ctx;
+  auto* q = new (std::nothrow) compcntr_qp{};
+  if (!q) return fail_null<compcntr_qp>(fail(ENOMEM, "wrap_verbs_qp: out of memory"));
+  std::error_code ec;
+  q->cxx = dev->dev.wrap_verbs_qp(vqp, opts, ec);
+  if (ec) {
+    delete q;
+    return fail_null<compcntr_qp>(ec);
+  }
+  return q;
+}
+
+}  // extern "C"
