@@ -15,8 +15,9 @@ void counter::destroy(std::error_code& ec) noexcept {
   std::uint32_t expected = 1;
   if (!s_->refs.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
                                         std::memory_order_acquire)) {
-    detail::fail_into(ec, EBUSY, "destroy_comp_cntr: counter %u is still referenced by %u QP "
-                      "attachment(s) or counter_ref(s)", s_->index, expected - 1);
+    detail::fail_into(ec, EBUSY, "destroy_comp_cntr: counter %u is still attached to a QP or "
+                      "held by a counter_ref (%u reference(s) besides its owner's)", s_->index,
+                      expected - 1);
     return;
   }
   // refs stays 0 from here on: an attach or a resolve() that looks now sees 0 and is refused.
