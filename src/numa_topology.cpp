@@ -122,6 +122,15 @@ numa_topology* load_numa_topology(const pool_config& cfg) noexcept {
     const hwloc_topology_support* sup = hwloc_topology_get_support(topo);
     t->can_bind = hwloc_topology_is_thissystem(topo) && sup->membind->alloc_membind &&
                   sup->membind->bind_membind;
+    if (t->can_bind) {
+      // hwloc reads the kernel's possible-node count from sysfs on its first membind query and
+      // caches it (through a 4 KiB heap buffer that stays resident). Do it now, so it belongs to
+      // opening the device rather than to the first counter (and to no counter's memory).
+      hwloc_nodeset_t set = hwloc_bitmap_alloc();
+      hwloc_membind_policy_t policy;
+      if (set) hwloc_get_membind(topo, set, &policy, HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET);
+      hwloc_bitmap_free(set);
+    }
     if (!hwloc_topology_is_thissystem(topo))
       t->problem = t->source + " is not this system: arenas are not bound to their nodes";
     else if (!t->can_bind)
