@@ -7,10 +7,10 @@
 //     c.add();
 //
 // Partitions, bottom up: cache_padded, error, types, backoff (spin, yield, block), slot (memory
-// ordering), pool (where slots live), backend (device interface), counter, mr (registered
-// memory), qp (queue pairs, attach), device, wait (wait, poll_any, pollable fds), cmd_comp
-// (asynchronous command completion), refresher (mirrors of device-held counters).
-// See docs/architecture.md.
+// ordering), pool (where slots live), backend (device interface), counter, counter_ref
+// (handles), mr (registered memory), qp (queue pairs, attach), device, wait (wait, poll_any,
+// pollable fds), cmd_comp (asynchronous command completion), refresher (mirrors of
+// device-held counters). See docs/architecture.md.
 export module compcntr;
 export import :cache_padded;
 export import :error;
@@ -20,6 +20,7 @@ export import :slot;
 export import :pool;
 export import :backend;
 export import :counter;
+export import :counter_ref;
 export import :mr;
 export import :qp;
 export import :device;

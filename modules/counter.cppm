@@ -24,6 +24,7 @@
 //     c.add(3);  c.add_error(1);
 //     assert(c.value() == 3 && c.errors() == 1);
 module;
+#include <atomic>
 #include <cstdint>
 #include <system_error>
 #include <utility>
@@ -71,6 +72,13 @@ class counter {
   int numa_node() const noexcept { return s_->numa_node; }
   /// Index of the counter's slot in its device's pool (the verbs `handle`).
   std::uint32_t index() const noexcept { return s_->index; }
+  /// A name for this counter that can outlive it: device::resolve() turns it back into access
+  /// to this counter while it lives, and reports ESTALE once it is destroyed (even after its
+  /// slot went to a new counter). Memory ordering: relaxed load of the slot's generation, which
+  /// only changes when the slot is released (never while this counter owns it).
+  counter_handle handle() const noexcept {
+    return {s_->generation.load(std::memory_order_relaxed), s_->index};
+  }
 
   /// Destroys the counter now. EBUSY (and the counter stays usable) while a QP counts into it.
   void destroy(std::error_code& ec) noexcept;
@@ -91,6 +99,7 @@ class counter {
 export namespace compcntr::detail {
 /// Drops one reference to a counter slot; the last one unbinds it from its backend, returns it
 /// to the pool and releases the device reference it held. Defined in src/counter.cpp.
+/// Memory ordering: acq_rel decrement (the last holder sees every holder's writes).
 void unref_counter_slot(slot& s) noexcept;
 /// Frees a counter slot whose references are all gone (refs == 0): unbinds it from its backend,
 /// returns it to the pool and releases the device reference it held.

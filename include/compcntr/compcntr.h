@@ -73,6 +73,9 @@ int compcntr_inc_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t amount);
 int compcntr_inc_err_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t amount);
 int compcntr_read_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t *value);
 int compcntr_read_err_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t *value);
+/* The NUMA node (OS index) whose memory holds the counter's slot, or -EINVAL for a NULL cc.
+ * Without the NUMA comp_mask bit, the node local to the CPU the creating thread ran on. */
+int compcntr_comp_cntr_numa_node(struct compcntr_comp_cntr *cc);
 
 #ifdef __cplusplus
 }

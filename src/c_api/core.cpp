@@ -142,4 +142,9 @@ int compcntr_read_err_comp_cntr(struct compcntr_comp_cntr* cc, uint64_t* value) 
   return 0;
 }
 
+int compcntr_comp_cntr_numa_node(struct compcntr_comp_cntr* cc) {
+  if (!cc) return -null_arg("comp_cntr_numa_node", "cc");
+  return impl(cc)->cxx.numa_node();
+}
+
 }  // extern "C"

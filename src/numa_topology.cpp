@@ -1,0 +1,213 @@
+// The hwloc side of the slot pool (compcntr:pool): loading the topology, mapping CPUs to NUMA
+// nodes, allocating and freeing arena memory bound to a node, and reading the current CPU.
+module;
+#include <hwloc.h>
+#include <sched.h>
+#if __has_include(<sys/rseq.h>)
+#include <sys/rseq.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+module compcntr;
+
+namespace compcntr::detail {
+
+struct numa_topology {
+  hwloc_topology_t topo = nullptr;     ///< nullptr if hwloc failed (one node, plain memory)
+  std::vector<hwloc_obj_t> nodes;      ///< NUMA node objects, dense index = position
+  bool can_bind = false;               ///< this system, and hwloc can bind area memory here
+  std::string source;                  ///< "this machine", "synthetic '...'", "XML file '...'"
+  std::string problem;                 ///< why hwloc or binding failed, empty if it did not
+};
+
+namespace {
+
+std::string sprintf_string(const char* fmt, const char* a, int err) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, fmt, a, std::strerror(err));
+  return buf;
+}
+
+// The node local to a CPU: among the NUMA nodes whose cpuset holds the CPU, the one with the
+// smallest cpuset (the most local one: a package's node rather than a CPU-less memory node
+// attached to the whole machine); ties go to the lowest OS index. This reads only the nodes'
+// cpusets, so it does not depend on which intermediate levels the topology keeps.
+int local_node_of(const std::vector<hwloc_obj_t>& nodes, unsigned cpu) noexcept {
+  int best = -1;
+  int best_weight = 0;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (!nodes[i]->cpuset || !hwloc_bitmap_isset(nodes[i]->cpuset, cpu)) continue;
+    const int w = hwloc_bitmap_weight(nodes[i]->cpuset);
+    if (best < 0 || w < best_weight) {
+      best = static_cast<int>(i);
+      best_weight = w;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+int real_current_cpu() noexcept {
+#if __has_include(<sys/rseq.h>) && defined(RSEQ_SIG)
+  // glibc >= 2.35 registers rseq for every thread; the kernel keeps cpu_id (offset 4) current
+  // on every return to user space. This is what sched_getcpu() reads in that case, without the
+  // call. -1 / -2 mean "not registered": fall back to the call.
+  if (__rseq_size >= 8) {
+    const auto* area = reinterpret_cast<const volatile struct rseq*>(
+        static_cast<const char*>(__builtin_thread_pointer()) + __rseq_offset);
+    const int cpu = static_cast<int>(area->cpu_id);
+    if (cpu >= 0) return cpu;
+  }
+#endif
+  return sched_getcpu();
+}
+
+numa_topology* load_numa_topology(const pool_config& cfg) noexcept {
+  auto* t = new (std::nothrow) numa_topology;
+  if (!t) return nullptr;
+  try {
+    if (cfg.synthetic)
+      t->source = std::string("synthetic topology '") + cfg.synthetic + "'";
+    else if (cfg.xml_file)
+      t->source = std::string("XML topology '") + cfg.xml_file + "'";
+    else if (const char* s = std::getenv("HWLOC_SYNTHETIC"); s && *s)
+      t->source = std::string("synthetic topology '") + s + "' (HWLOC_SYNTHETIC)";
+    else if (const char* x = std::getenv("HWLOC_XMLFILE"); x && *x)
+      t->source = std::string("XML topology '") + x + "' (HWLOC_XMLFILE)";
+    else
+      t->source = "this machine";
+
+    hwloc_topology_t topo = nullptr;
+    if (hwloc_topology_init(&topo) != 0) {
+      t->problem = sprintf_string("hwloc_topology_init failed%s: %s", "", errno);
+      return t;
+    }
+    // Only PUs, NUMA nodes and the nodes' cpusets matter here, but no type filter is set: a NUMA
+    // node's cpuset is the one of the object it hangs from, so dropping packages / groups / caches
+    // would widen it to the machine. hwloc's x86 backend (cpuid on every PU, each a VM exit
+    // under a hypervisor) adds nothing NUMA-related on Linux: skipping it saves ~1/3 of the
+    // ~5 ms of CPU time a load costs on this 2-vCPU VM. I/O discovery is off by default.
+    hwloc_topology_set_components(topo, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "x86");
+    if (cfg.synthetic && hwloc_topology_set_synthetic(topo, cfg.synthetic) != 0) {
+      t->problem = sprintf_string("hwloc rejected the synthetic description '%s': %s", cfg.synthetic, errno);
+      hwloc_topology_destroy(topo);
+      return t;
+    }
+    if (!cfg.synthetic && cfg.xml_file && hwloc_topology_set_xml(topo, cfg.xml_file) != 0) {
+      t->problem = sprintf_string("hwloc cannot read the XML topology '%s': %s", cfg.xml_file, errno);
+      hwloc_topology_destroy(topo);
+      return t;
+    }
+    if (hwloc_topology_load(topo) != 0) {
+      t->problem = sprintf_string("hwloc_topology_load failed%s: %s", "", errno);
+      hwloc_topology_destroy(topo);
+      return t;
+    }
+    t->topo = topo;
+    for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
+         n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n))
+      t->nodes.push_back(n);
+    std::sort(t->nodes.begin(), t->nodes.end(),
+              [](hwloc_obj_t a, hwloc_obj_t b) { return a->os_index < b->os_index; });
+    const hwloc_topology_support* sup = hwloc_topology_get_support(topo);
+    t->can_bind = hwloc_topology_is_thissystem(topo) && sup->membind->alloc_membind &&
+                  sup->membind->bind_membind;
+    if (t->can_bind) {
+      // hwloc reads the kernel's possible-node count from sysfs on its first membind query and
+      // caches it (through a 4 KiB heap buffer that stays resident). Do it now, so it belongs to
+      // opening the device rather than to the first counter (and to no counter's memory).
+      hwloc_nodeset_t set = hwloc_bitmap_alloc();
+      hwloc_membind_policy_t policy;
+      if (set) hwloc_get_membind(topo, set, &policy, HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET);
+      hwloc_bitmap_free(set);
+    }
+    if (!hwloc_topology_is_thissystem(topo))
+      t->problem = t->source + " is not this system: arenas are not bound to their nodes";
+    else if (!t->can_bind)
+      t->problem = "hwloc cannot bind memory on this system: arenas are not bound to their nodes";
+  } catch (...) {  // std::bad_alloc from a string or vector
+    destroy_numa_topology(t);
+    return nullptr;
+  }
+  return t;
+}
+
+void destroy_numa_topology(numa_topology* t) noexcept {
+  if (!t) return;
+  if (t->topo) hwloc_topology_destroy(t->topo);
+  delete t;
+}
+
+int numa_topology_nodes(const numa_topology* t) noexcept {
+  return t && !t->nodes.empty() ? static_cast<int>(t->nodes.size()) : 0;
+}
+
+int numa_topology_node_os_index(const numa_topology* t, int dense) noexcept {
+  return static_cast<int>(t->nodes[static_cast<std::size_t>(dense)]->os_index);
+}
+
+int numa_topology_max_cpu(const numa_topology* t) noexcept {
+  if (!t || !t->topo) return -1;
+  return hwloc_bitmap_last(hwloc_topology_get_topology_cpuset(t->topo));
+}
+
+int numa_topology_node_of_cpu(const numa_topology* t, int cpu) noexcept {
+  if (!t || !t->topo || cpu < 0) return -1;
+  return local_node_of(t->nodes, static_cast<unsigned>(cpu));
+}
+
+bool numa_topology_can_bind(const numa_topology* t) noexcept { return t && t->topo && t->can_bind; }
+
+std::string numa_topology_describe(const numa_topology* t) {
+  if (!t) return "no topology (out of memory): one node, unbound memory";
+  std::string s = t->source;
+  if (!t->topo) return s + ": " + t->problem + "; using one node and unbound memory";
+  s += ": " + std::to_string(t->nodes.size()) + " NUMA node(s) (";
+  for (std::size_t i = 0; i < t->nodes.size(); ++i)
+    s += (i ? "," : "") + std::to_string(t->nodes[i]->os_index);
+  s += ")";
+  if (!t->problem.empty()) s += "; " + t->problem;
+  return s;
+}
+
+void* numa_topology_alloc(numa_topology* t, int dense, std::size_t bytes, bool& bound) noexcept {
+  bound = false;
+  if (!t || !t->topo) return std::aligned_alloc(4096, bytes);  // bytes is a multiple of 4096
+  if (!t->can_bind) return hwloc_alloc(t->topo, bytes);       // page-aligned, unbound
+  hwloc_obj_t node = t->nodes[static_cast<std::size_t>(dense)];
+  // BIND without STRICT: Linux MPOL_PREFERRED, i.e. pages come from the node while it has free
+  // memory and from another node rather than failing (a counter must never SIGBUS).
+  void* p = hwloc_alloc_membind(t->topo, bytes, node->nodeset, HWLOC_MEMBIND_BIND,
+                                HWLOC_MEMBIND_BYNODESET);
+  if (!p) return nullptr;
+  // Without STRICT, hwloc does not say whether the binding took: ask the kernel about the first
+  // page (one get_mempolicy call per arena).
+  hwloc_nodeset_t got = hwloc_bitmap_alloc();
+  hwloc_membind_policy_t policy;
+  if (got && hwloc_get_area_membind(t->topo, p, 1, got, &policy, HWLOC_MEMBIND_BYNODESET) == 0)
+    bound = policy == HWLOC_MEMBIND_BIND && hwloc_bitmap_isequal(got, node->nodeset);
+  hwloc_bitmap_free(got);
+  return p;
+}
+
+void numa_topology_free(numa_topology* t, void* p, std::size_t bytes) noexcept {
+  if (!p) return;
+  if (!t || !t->topo)
+    std::free(p);
+  else
+    hwloc_free(t->topo, p, bytes);
+}
+
+void* numa_topology_hwloc(const numa_topology* t) noexcept { return t ? t->topo : nullptr; }
+
+}  // namespace compcntr::detail
