@@ -92,7 +92,7 @@ class progress_source {
 /// orders everything else (a source added before a progress() call starts is polled by it).
 class progress_registry {
  public:
-  std::size_t progress() noexcept {
+  inline std::size_t progress() noexcept {
     if (count_.load(std::memory_order_relaxed) == 0) return 0;
     std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
     if (!lk.owns_lock()) return 0;
@@ -101,7 +101,7 @@ class progress_registry {
     return n;
   }
   /// ENOMEM if the list cannot grow. Call with lock() held.
-  std::error_code add_locked(progress_source& s) noexcept {
+  inline std::error_code add_locked(progress_source& s) noexcept {
     try {
       sources_.push_back(&s);
     } catch (...) {
@@ -111,14 +111,14 @@ class progress_registry {
     return {};
   }
   /// Call with lock() held.
-  void remove_locked(progress_source& s) noexcept {
+  inline void remove_locked(progress_source& s) noexcept {
     std::erase(sources_, &s);
     count_.store(sources_.size(), std::memory_order_relaxed);
   }
-  const std::vector<progress_source*>& sources_locked() const noexcept { return sources_; }
+  inline const std::vector<progress_source*>& sources_locked() const noexcept { return sources_; }
   /// Blocks while a progress() call runs.
-  std::unique_lock<std::mutex> lock() noexcept { return std::unique_lock<std::mutex>(mu_); }
-  bool empty() const noexcept { return count_.load(std::memory_order_relaxed) == 0; }
+  inline std::unique_lock<std::mutex> lock() noexcept { return std::unique_lock<std::mutex>(mu_); }
+  inline bool empty() const noexcept { return count_.load(std::memory_order_relaxed) == 0; }
 
  private:
   std::mutex mu_;
@@ -134,25 +134,25 @@ class device_core {
   device_core(std::unique_ptr<backend> be, std::uint32_t max_counters) noexcept
       : backend_(std::move(be)), pool_(max_counters) {}
 
-  backend& be() noexcept { return *backend_; }
-  const backend& be() const noexcept { return *backend_; }
-  slot_pool& pool() noexcept { return pool_; }
-  const slot_pool& pool() const noexcept { return pool_; }
+  inline backend& be() noexcept { return *backend_; }
+  inline const backend& be() const noexcept { return *backend_; }
+  inline slot_pool& pool() noexcept { return pool_; }
+  inline const slot_pool& pool() const noexcept { return pool_; }
 
   /// Memory ordering: retain is relaxed (the caller already holds a reference); release is
   /// acq_rel so the last releaser sees every write made under every reference before deleting.
-  void retain() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
-  void release() noexcept {
+  inline void retain() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  inline void release() noexcept {
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
   /// Drops the caller's (sole) reference; EBUSY if objects of the device are still alive.
   std::error_code close() noexcept;
-  std::uint32_t refs() const noexcept { return refs_.load(std::memory_order_acquire); }
+  inline std::uint32_t refs() const noexcept { return refs_.load(std::memory_order_acquire); }
 
   /// Drains this device's progress sources (emulated verbs CQs); returns the completions
   /// consumed. 0 at the cost of one relaxed load when the device has none (software device).
-  std::size_t progress() noexcept { return progress_.progress(); }
-  progress_registry& progress_sources() noexcept { return progress_; }
+  inline std::size_t progress() noexcept { return progress_.progress(); }
+  inline progress_registry& progress_sources() noexcept { return progress_; }
 
   /// The device's command engine (started on first use): the thread that answers software
   /// asynchronous commands, the way a device's firmware would. nullptr + ec if it cannot start.

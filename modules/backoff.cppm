@@ -59,11 +59,11 @@ class backoff {
   static constexpr std::uint32_t yield_limit = 10;
 
   /// Starts over (after progress was made).
-  void reset() noexcept { step_ = 0; }
+  inline void reset() noexcept { step_ = 0; }
 
   /// Backs off in a lock-free retry loop (a failed CAS): 2^min(step, spin_limit) pauses. Never
   /// yields: the other thread is running and about to finish.
-  void spin() noexcept {
+  inline void spin() noexcept {
     const std::uint32_t s = step_ < spin_limit ? step_ : spin_limit;
     for (std::uint32_t i = 0; i < (1u << s); ++i) cpu_relax();
     if (step_ <= spin_limit) ++step_;
@@ -71,7 +71,7 @@ class backoff {
 
   /// Backs off while waiting for another thread: 2^step pauses up to spin_limit, then one
   /// sched_yield() per call.
-  void snooze() noexcept {
+  inline void snooze() noexcept {
     if (step_ <= spin_limit) {
       for (std::uint32_t i = 0; i < (1u << step_); ++i) cpu_relax();
     } else {
@@ -81,10 +81,10 @@ class backoff {
   }
 
   /// True once snoozing has lasted long enough that blocking is the better choice.
-  bool is_completed() const noexcept { return step_ > yield_limit; }
+  inline bool is_completed() const noexcept { return step_ > yield_limit; }
 
   /// Current step (0 .. yield_limit + 1).
-  std::uint32_t step() const noexcept { return step_; }
+  inline std::uint32_t step() const noexcept { return step_; }
 
  private:
   std::uint32_t step_ = 0;

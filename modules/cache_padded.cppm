@@ -56,10 +56,10 @@ struct alignas(false_sharing_range) cache_padded {
   template <class... Args>
   explicit cache_padded(std::in_place_t, Args&&... args) : value(std::forward<Args>(args)...) {}
 
-  T& operator*() noexcept { return value; }
-  const T& operator*() const noexcept { return value; }
-  T* operator->() noexcept { return &value; }
-  const T* operator->() const noexcept { return &value; }
+  inline T& operator*() noexcept { return value; }
+  inline const T& operator*() const noexcept { return value; }
+  inline T* operator->() noexcept { return &value; }
+  inline const T* operator->() const noexcept { return &value; }
 };
 
 }  // namespace compcntr

@@ -85,7 +85,7 @@ struct slot_query {
 /// Internal to the library and its backends.
 class cmd_comp_core {
  public:
-  explicit cmd_comp_core(device_core& dev) noexcept : dev_(&dev) {}
+  inline explicit cmd_comp_core(device_core& dev) noexcept : dev_(&dev) {}
   cmd_comp_core(const cmd_comp_core&) = delete;
   cmd_comp_core& operator=(const cmd_comp_core&) = delete;
 
@@ -107,7 +107,7 @@ class cmd_comp_core {
   /// engine lets go of it. The object must not be used afterwards.
   virtual void destroy() noexcept = 0;
 
-  device_core& device() const noexcept { return *dev_; }
+  inline device_core& device() const noexcept { return *dev_; }
 
  protected:
   ~cmd_comp_core() = default;  // destroy() owns deletion
@@ -133,8 +133,8 @@ export namespace compcntr {
 class cmd_completion {
  public:
   cmd_completion() noexcept = default;
-  cmd_completion(cmd_completion&& o) noexcept : core_(std::exchange(o.core_, nullptr)) {}
-  cmd_completion& operator=(cmd_completion&& o) noexcept {
+  inline cmd_completion(cmd_completion&& o) noexcept : core_(std::exchange(o.core_, nullptr)) {}
+  inline cmd_completion& operator=(cmd_completion&& o) noexcept {
     if (this != &o) {
       reset();
       core_ = std::exchange(o.core_, nullptr);
@@ -149,10 +149,10 @@ class cmd_completion {
   /// an empty object and sets ec: EINVAL (empty device), ENOMEM, EMFILE/ENFILE (no fd left).
   static cmd_completion create(const device& dev, std::error_code& ec) noexcept;
 
-  explicit operator bool() const noexcept { return core_ != nullptr; }
+  inline explicit operator bool() const noexcept { return core_ != nullptr; }
   /// The pollable fd (readable exactly while a response is queued). Owned by this object; the
   /// application may set O_NONBLOCK on it with fcntl, which get() honours.
-  int fd() const noexcept { return core_->fd(); }
+  inline int fd() const noexcept { return core_->fd(); }
 
   /// Issues an asynchronous query of `c`, answered on this object with `wr_id`. EAGAIN when
   /// 1 MiB of responses is outstanding (nothing changes); EINVAL when `c` is empty or belongs
@@ -175,17 +175,17 @@ class cmd_completion {
   int get_raw(void* buf, std::size_t len) noexcept;
 
   /// Responses queued now (for tests and statistics; racy by nature).
-  std::size_t queued() const noexcept { return core_->queued(); }
+  inline std::size_t queued() const noexcept { return core_->queued(); }
 
   /// Destroys now: queued and in-flight responses are discarded, the fd is closed.
-  void reset() noexcept {
+  inline void reset() noexcept {
     if (detail::cmd_comp_core* c = std::exchange(core_, nullptr)) c->destroy();
   }
 
-  detail::cmd_comp_core* core() const noexcept { return core_; }
+  inline detail::cmd_comp_core* core() const noexcept { return core_; }
 
  private:
-  explicit cmd_completion(detail::cmd_comp_core* c) noexcept : core_(c) {}
+  inline explicit cmd_completion(detail::cmd_comp_core* c) noexcept : core_(c) {}
   detail::cmd_comp_core* core_ = nullptr;
 };
 

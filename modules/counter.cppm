@@ -40,8 +40,8 @@ class device;
 class counter {
  public:
   counter() noexcept = default;
-  counter(counter&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
-  counter& operator=(counter&& o) noexcept {
+  inline counter(counter&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  inline counter& operator=(counter&& o) noexcept {
     if (this != &o) {
       reset();
       s_ = std::exchange(o.s_, nullptr);
@@ -50,33 +50,33 @@ class counter {
   }
   counter(const counter&) = delete;
   counter& operator=(const counter&) = delete;
-  ~counter() { reset(); }
+  inline ~counter() { reset(); }
 
-  explicit operator bool() const noexcept { return s_ != nullptr; }
+  inline explicit operator bool() const noexcept { return s_ != nullptr; }
 
   /// Completion count (acquire load).
-  std::uint64_t value() const noexcept { return s_->load_value(); }
+  inline std::uint64_t value() const noexcept { return s_->load_value(); }
   /// Error count (acquire load).
-  std::uint64_t errors() const noexcept { return s_->load_errors(); }
+  inline std::uint64_t errors() const noexcept { return s_->load_errors(); }
   /// Completion count += n, wrapping past max_value.
-  void add(std::uint64_t n = 1) noexcept { s_->add(n); }
+  inline void add(std::uint64_t n = 1) noexcept { s_->add(n); }
   /// Error count += n, wrapping past max_value.
-  void add_error(std::uint64_t n = 1) noexcept { s_->add_error(n); }
+  inline void add_error(std::uint64_t n = 1) noexcept { s_->add_error(n); }
   /// Completion count = v.
-  void set(std::uint64_t v) noexcept { s_->set(v); }
+  inline void set(std::uint64_t v) noexcept { s_->set(v); }
   /// Error count = v.
-  void set_error(std::uint64_t v) noexcept { s_->set_error(v); }
+  inline void set_error(std::uint64_t v) noexcept { s_->set_error(v); }
 
-  counter_type type() const noexcept { return s_->type; }
+  inline counter_type type() const noexcept { return s_->type; }
   /// NUMA node whose memory holds this counter's slot.
-  int numa_node() const noexcept { return s_->numa_node; }
+  inline int numa_node() const noexcept { return s_->numa_node; }
   /// Index of the counter's slot in its device's pool (the verbs `handle`).
-  std::uint32_t index() const noexcept { return s_->index; }
+  inline std::uint32_t index() const noexcept { return s_->index; }
   /// A name for this counter that can outlive it: device::resolve() turns it back into access
   /// to this counter while it lives, and reports ESTALE once it is destroyed (even after its
   /// slot went to a new counter). Memory ordering: relaxed load of the slot's generation, which
   /// only changes when the slot is released (never while this counter owns it).
-  counter_handle handle() const noexcept {
+  inline counter_handle handle() const noexcept {
     return {s_->generation.load(std::memory_order_relaxed), s_->index};
   }
 
@@ -86,11 +86,11 @@ class counter {
   void reset() noexcept;
 
   /// The slot (for the library's other layers: waits, QPs, adapters).
-  detail::slot* native_slot() const noexcept { return s_; }
+  inline detail::slot* native_slot() const noexcept { return s_; }
 
  private:
   friend class device;
-  explicit counter(detail::slot* s) noexcept : s_(s) {}
+  inline explicit counter(detail::slot* s) noexcept : s_(s) {}
   detail::slot* s_ = nullptr;
 };
 

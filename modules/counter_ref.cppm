@@ -59,8 +59,8 @@ class device;
 class counter_ref {
  public:
   counter_ref() noexcept = default;
-  counter_ref(counter_ref&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
-  counter_ref& operator=(counter_ref&& o) noexcept {
+  inline counter_ref(counter_ref&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  inline counter_ref& operator=(counter_ref&& o) noexcept {
     if (this != &o) {
       reset();
       s_ = std::exchange(o.s_, nullptr);
@@ -69,9 +69,9 @@ class counter_ref {
   }
   counter_ref(const counter_ref&) = delete;
   counter_ref& operator=(const counter_ref&) = delete;
-  ~counter_ref() { reset(); }
+  inline ~counter_ref() { reset(); }
 
-  explicit operator bool() const noexcept { return s_ != nullptr; }
+  inline explicit operator bool() const noexcept { return s_ != nullptr; }
 
   /// As the counter operations of the same name (compcntr:counter, compcntr:slot). Explicitly
   /// `inline`: member functions of a named module are not implicitly inline in C++20.
@@ -97,7 +97,7 @@ class counter_ref {
 
  private:
   friend class device;
-  explicit counter_ref(detail::slot* s) noexcept : s_(s) {}
+  inline explicit counter_ref(detail::slot* s) noexcept : s_(s) {}
   detail::slot* s_ = nullptr;
 };
 

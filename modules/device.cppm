@@ -34,8 +34,8 @@ export namespace compcntr {
 class device {
  public:
   device() noexcept = default;
-  device(device&& o) noexcept : core_(std::exchange(o.core_, nullptr)) {}
-  device& operator=(device&& o) noexcept {
+  inline device(device&& o) noexcept : core_(std::exchange(o.core_, nullptr)) {}
+  inline device& operator=(device&& o) noexcept {
     if (this != &o) {
       if (core_) core_->release();
       core_ = std::exchange(o.core_, nullptr);
@@ -56,8 +56,8 @@ class device {
   /// On failure returns an empty device and sets ec (EINVAL: `be` is null).
   static device from_backend(std::unique_ptr<detail::backend> be, std::error_code& ec) noexcept;
 
-  explicit operator bool() const noexcept { return core_ != nullptr; }
-  std::string_view name() const noexcept { return core_->be().name(); }
+  inline explicit operator bool() const noexcept { return core_ != nullptr; }
+  inline std::string_view name() const noexcept { return core_->be().name(); }
   /// max_value, max_counters and supported_qp_attach_ops of this device.
   counter_caps caps() const noexcept;
 
@@ -65,7 +65,7 @@ class device {
   /// EINVAL (unknown type, numa_node that does not exist), ENOTSUP (type not supported by the
   /// device), ENOMEM (max_counters live counters already).
   counter create_counter(const counter_options& opts, std::error_code& ec) noexcept;
-  counter create_counter(counter_type type, std::error_code& ec) noexcept {
+  inline counter create_counter(counter_type type, std::error_code& ec) noexcept {
     return create_counter(counter_options{.type = type}, ec);
   }
 
@@ -73,7 +73,7 @@ class device {
   /// (race semantics: compcntr:counter_ref). On failure an empty ref and ec: ESTALE (the
   /// handle's counter was destroyed, even if its slot now holds another counter), EINVAL (`h`
   /// names no slot of this device).
-  counter_ref resolve(counter_handle h, std::error_code& ec) const noexcept {
+  inline counter_ref resolve(counter_handle h, std::error_code& ec) const noexcept {
     return counter_ref(detail::resolve_counter_slot(core_->pool(), h, ec));
   }
 
@@ -97,18 +97,18 @@ class device {
   /// consumed. Cheap (one relaxed load, returns 0) on a device with nothing to drain, such as
   /// the software device whose completions happen inside the posting calls. Thread-safe; a
   /// thread that finds another one progressing returns 0 at once.
-  std::size_t progress() noexcept { return core_->progress(); }
+  inline std::size_t progress() noexcept { return core_->progress(); }
 
   /// Closes the device now: EBUSY (and nothing changes) while objects of it live.
   void close(std::error_code& ec) noexcept;
 
   /// Live counters of this device.
-  std::uint32_t live_counters() const noexcept { return core_->pool().live(); }
+  inline std::uint32_t live_counters() const noexcept { return core_->pool().live(); }
 
-  detail::device_core* core() const noexcept { return core_; }
+  inline detail::device_core* core() const noexcept { return core_; }
 
  private:
-  explicit device(detail::device_core* c) noexcept : core_(c) {}
+  inline explicit device(detail::device_core* c) noexcept : core_(c) {}
   detail::device_core* core_ = nullptr;
 };
 

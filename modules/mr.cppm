@@ -76,8 +76,8 @@ class device;
 class memory_region {
  public:
   memory_region() noexcept = default;
-  memory_region(memory_region&& o) noexcept : m_(std::exchange(o.m_, nullptr)) {}
-  memory_region& operator=(memory_region&& o) noexcept {
+  inline memory_region(memory_region&& o) noexcept : m_(std::exchange(o.m_, nullptr)) {}
+  inline memory_region& operator=(memory_region&& o) noexcept {
     if (this != &o) {
       reset();
       m_ = std::exchange(o.m_, nullptr);
@@ -88,15 +88,15 @@ class memory_region {
   memory_region& operator=(const memory_region&) = delete;
   ~memory_region() { reset(); }
 
-  explicit operator bool() const noexcept { return m_ != nullptr; }
-  void* addr() const noexcept { return m_->addr; }
-  std::size_t length() const noexcept { return m_->length; }
-  std::uint32_t lkey() const noexcept { return m_->lkey; }
-  std::uint32_t rkey() const noexcept { return m_->rkey; }
-  std::uint32_t access() const noexcept { return m_->access; }
+  inline explicit operator bool() const noexcept { return m_ != nullptr; }
+  inline void* addr() const noexcept { return m_->addr; }
+  inline std::size_t length() const noexcept { return m_->length; }
+  inline std::uint32_t lkey() const noexcept { return m_->lkey; }
+  inline std::uint32_t rkey() const noexcept { return m_->rkey; }
+  inline std::uint32_t access() const noexcept { return m_->access; }
 
   /// Deregisters now (always succeeds on a non-empty region; EINVAL on an empty one).
-  void dereg(std::error_code& ec) noexcept {
+  inline void dereg(std::error_code& ec) noexcept {
     if (!m_) {
       detail::fail_into(ec, EINVAL, "dereg_mr: memory region is empty");
       return;
@@ -105,13 +105,13 @@ class memory_region {
     ec.clear();
   }
   /// Deregisters if non-empty.
-  void reset() noexcept {
+  inline void reset() noexcept {
     if (detail::mr_impl* m = std::exchange(m_, nullptr)) m->dereg();
   }
 
  private:
   friend class device;
-  explicit memory_region(detail::mr_impl* m) noexcept : m_(m) {}
+  inline explicit memory_region(detail::mr_impl* m) noexcept : m_(m) {}
   detail::mr_impl* m_ = nullptr;
 };
 

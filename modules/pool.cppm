@@ -162,29 +162,29 @@ class slot_pool {
 
   // (Member functions defined in a class of a named module are not implicitly inline in C++20:
   // the hot ones say `inline` so importers can inline them.)
-  std::uint32_t capacity() const noexcept { return capacity_; }
+  inline std::uint32_t capacity() const noexcept { return capacity_; }
   /// Slots live or being created (relaxed snapshot).
-  std::uint32_t live() const noexcept { return live_->load(std::memory_order_relaxed); }
+  inline std::uint32_t live() const noexcept { return live_->load(std::memory_order_relaxed); }
 
   /// Number of NUMA nodes, and the OS index of the i-th (0 <= i < numa_nodes(), ascending).
-  int numa_nodes() const noexcept { return node_count_; }
-  int numa_node_id(int i) const noexcept { return nodes_[i].os_index; }
+  inline int numa_nodes() const noexcept { return node_count_; }
+  inline int numa_node_id(int i) const noexcept { return nodes_[i].os_index; }
   /// Whether OS node `os_index` exists in the topology.
-  bool has_numa_node(int os_index) const noexcept { return dense_node(os_index) >= 0; }
+  inline bool has_numa_node(int os_index) const noexcept { return dense_node(os_index) >= 0; }
   /// The node allocate(-1) would pick for the calling thread now (OS index).
-  int current_numa_node() const noexcept { return nodes_[current_dense_node()].os_index; }
+  inline int current_numa_node() const noexcept { return nodes_[current_dense_node()].os_index; }
 
   /// Slots per arena (a power of two), arenas created so far, and the bytes they hold.
-  std::uint32_t arena_slots() const noexcept { return arena_slots_; }
-  std::uint32_t arenas() const noexcept { return arenas_used_.load(std::memory_order_acquire); }
-  std::size_t arena_bytes() const noexcept { return std::size_t{arenas()} * arena_slots_ * sizeof(slot); }
+  inline std::uint32_t arena_slots() const noexcept { return arena_slots_; }
+  inline std::uint32_t arenas() const noexcept { return arenas_used_.load(std::memory_order_acquire); }
+  inline std::size_t arena_bytes() const noexcept { return std::size_t{arenas()} * arena_slots_ * sizeof(slot); }
   /// Most arenas this pool will ever create (see the file comment).
-  std::uint32_t arena_budget() const noexcept { return arena_budget_; }
+  inline std::uint32_t arena_budget() const noexcept { return arena_budget_; }
   /// True while every arena created so far is really bound to its node (false on synthetic or
   /// XML topologies, or when the OS refused a binding). status() says why.
-  bool memory_bound() const noexcept { return unbound_arenas_.load(std::memory_order_acquire) == 0 && binding_supported_; }
+  inline bool memory_bound() const noexcept { return unbound_arenas_.load(std::memory_order_acquire) == 0 && binding_supported_; }
   /// Whether the topology can bind memory at all (it is this system and hwloc supports binding).
-  bool binding_supported() const noexcept { return binding_supported_; }
+  inline bool binding_supported() const noexcept { return binding_supported_; }
   /// A sentence describing the topology and binding state (for logs and error reports).
   std::string status() const;
   /// The hwloc_topology_t of the pool (nullptr if hwloc failed; the pool then has one node and
@@ -204,7 +204,7 @@ class slot_pool {
   };
   enum class grow_result { grown, retry, no_budget, no_memory };
 
-  int dense_node(int os_index) const noexcept {
+  inline int dense_node(int os_index) const noexcept {
     if (os_index < 0 || os_index >= os_to_dense_size_) return -1;
     return os_to_dense_[os_index];
   }

@@ -135,8 +135,8 @@ class qp_impl {
   qp_impl(const qp_impl&) = delete;
   qp_impl& operator=(const qp_impl&) = delete;
 
-  device_core& device() const noexcept { return *dev_; }
-  std::uint32_t qp_num() const noexcept { return qp_num_; }
+  inline device_core& device() const noexcept { return *dev_; }
+  inline std::uint32_t qp_num() const noexcept { return qp_num_; }
   /// Current state. Memory ordering: acquire (pairs with the release store of a transition).
   virtual qp_state state() const noexcept { return state_.load(std::memory_order_acquire); }
   /// attach_op bits this QP can count.
@@ -164,12 +164,12 @@ class qp_impl {
 
   /// The counter serving `op` on this QP, or nullptr. Memory ordering: acquire (pairs with the
   /// release store in attach()).
-  slot* served(attach_op op) const noexcept {
+  inline slot* served(attach_op op) const noexcept {
     return served_[std::countr_zero(static_cast<std::uint32_t>(op))].load(std::memory_order_acquire);
   }
   /// One completion of `op` on this QP: success adds 1 (WRS) or `bytes` (BYTES) to the counter
   /// serving `op`, failure adds 1 to its error count. No counter: nothing happens.
-  void complete(attach_op op, bool ok, std::uint64_t bytes) const noexcept {
+  inline void complete(attach_op op, bool ok, std::uint64_t bytes) const noexcept {
     slot* s = served(op);
     if (s == nullptr) return;
     if (ok)
@@ -217,8 +217,8 @@ export namespace compcntr {
 class qp {
  public:
   qp() noexcept = default;
-  qp(qp&& o) noexcept : q_(std::exchange(o.q_, nullptr)) {}
-  qp& operator=(qp&& o) noexcept {
+  inline qp(qp&& o) noexcept : q_(std::exchange(o.q_, nullptr)) {}
+  inline qp& operator=(qp&& o) noexcept {
     if (this != &o) {
       reset();
       q_ = std::exchange(o.q_, nullptr);
@@ -229,14 +229,14 @@ class qp {
   qp& operator=(const qp&) = delete;
   ~qp() { reset(); }
 
-  explicit operator bool() const noexcept { return q_ != nullptr; }
+  inline explicit operator bool() const noexcept { return q_ != nullptr; }
   /// Current state; qp_state::err for an empty qp.
-  qp_state state() const noexcept { return q_ ? q_->state() : qp_state::err; }
+  inline qp_state state() const noexcept { return q_ ? q_->state() : qp_state::err; }
   /// Number of the QP (the ibv_qp's qp_num for a wrapped QP).
-  std::uint32_t qp_num() const noexcept { return q_ ? q_->qp_num() : 0; }
+  inline std::uint32_t qp_num() const noexcept { return q_ ? q_->qp_num() : 0; }
   /// Why this QP's most recent error completion failed, e.g. "region lacks remote_write
   /// access" ("" if none; software QPs only). For diagnostics: not synchronised with counters.
-  std::string_view last_completion_error() const noexcept {
+  inline std::string_view last_completion_error() const noexcept {
     return q_ ? q_->last_completion_error() : "";
   }
 
@@ -248,10 +248,10 @@ class qp {
   void connect(qp& peer, std::error_code& ec) noexcept;
   /// Attaches `c` for the attach_op bits of `opts.op_mask` (rules in the file comment).
   void attach(const counter& c, const attach_options& opts, std::error_code& ec) noexcept;
-  void attach(const counter& c, std::uint32_t op_mask, std::error_code& ec) noexcept {
+  inline void attach(const counter& c, std::uint32_t op_mask, std::error_code& ec) noexcept {
     attach(c, attach_options{.comp_mask = 0, .op_mask = op_mask}, ec);
   }
-  void attach(const counter& c, attach_op op, std::error_code& ec) noexcept {
+  inline void attach(const counter& c, attach_op op, std::error_code& ec) noexcept {
     attach(c, static_cast<std::uint32_t>(op), ec);
   }
 
@@ -274,15 +274,15 @@ class qp {
   /// Destroys the QP now (ends its attachments). EINVAL on an empty qp.
   void destroy(std::error_code& ec) noexcept;
   /// Destroys the QP if non-empty.
-  void reset() noexcept {
+  inline void reset() noexcept {
     if (detail::qp_impl* q = std::exchange(q_, nullptr)) q->destroy();
   }
 
-  detail::qp_impl* native_impl() const noexcept { return q_; }
+  inline detail::qp_impl* native_impl() const noexcept { return q_; }
 
  private:
   friend class device;
-  explicit qp(detail::qp_impl* q) noexcept : q_(q) {}
+  inline explicit qp(detail::qp_impl* q) noexcept : q_(q) {}
   detail::qp_impl* q_ = nullptr;
 };
 

@@ -61,8 +61,8 @@ export namespace compcntr {
 class mirror_refresher {
  public:
   mirror_refresher() noexcept = default;
-  mirror_refresher(mirror_refresher&& o) noexcept : st_(std::exchange(o.st_, nullptr)) {}
-  mirror_refresher& operator=(mirror_refresher&& o) noexcept {
+  inline mirror_refresher(mirror_refresher&& o) noexcept : st_(std::exchange(o.st_, nullptr)) {}
+  inline mirror_refresher& operator=(mirror_refresher&& o) noexcept {
     if (this != &o) {
       reset();
       st_ = std::exchange(o.st_, nullptr);
@@ -78,7 +78,7 @@ class mirror_refresher {
   static mirror_refresher create(const device& dev, std::error_code& ec,
                                  std::chrono::nanoseconds min_interval = {}) noexcept;
 
-  explicit operator bool() const noexcept { return st_ != nullptr; }
+  inline explicit operator bool() const noexcept { return st_ != nullptr; }
 
   /// Starts refreshing `c`'s mirror from the next round on. EINVAL: empty counter, counter of
   /// another device, or a software counter (its slot is the value: nothing to refresh);
@@ -91,7 +91,7 @@ class mirror_refresher {
   /// is complete. Returns the number of mirrors written. Never blocks.
   std::size_t progress() noexcept;
   /// progress() for C-style progress hooks: `refresher` is a mirror_refresher*.
-  static int progress_hook(void* refresher) noexcept {
+  inline static int progress_hook(void* refresher) noexcept {
     return static_cast<int>(static_cast<mirror_refresher*>(refresher)->progress());
   }
 
@@ -107,7 +107,7 @@ class mirror_refresher {
 
  private:
   class state;
-  explicit mirror_refresher(state* s) noexcept : st_(s) {}
+  inline explicit mirror_refresher(state* s) noexcept : st_(s) {}
   state* st_ = nullptr;
 };
 

@@ -97,30 +97,30 @@ struct alignas(false_sharing_range) slot {
   // ---- hot operations (inline: one atomic each on the software path) ----
 
   /// Completion count. Memory ordering: acquire.
-  std::uint64_t load_value() const noexcept { return value.load(std::memory_order_acquire); }
+  inline std::uint64_t load_value() const noexcept { return value.load(std::memory_order_acquire); }
   /// Error count. Memory ordering: acquire.
-  std::uint64_t load_errors() const noexcept { return errors.load(std::memory_order_acquire); }
+  inline std::uint64_t load_errors() const noexcept { return errors.load(std::memory_order_acquire); }
 
   /// value += n (wrapping at 2^64). Memory ordering: seq_cst RMW (see file comment).
-  void add(std::uint64_t n) noexcept {
+  inline void add(std::uint64_t n) noexcept {
     if (hw != nullptr) [[unlikely]] return hw->add(*this, n);
     value.fetch_add(n, std::memory_order_seq_cst);
     notify();
   }
   /// errors += n. Memory ordering: as add().
-  void add_error(std::uint64_t n) noexcept {
+  inline void add_error(std::uint64_t n) noexcept {
     if (hw != nullptr) [[unlikely]] return hw->add_error(*this, n);
     errors.fetch_add(n, std::memory_order_seq_cst);
     notify();
   }
   /// value = v. Memory ordering: seq_cst store; concurrent add()s may be lost (verbs rule).
-  void set(std::uint64_t v) noexcept {
+  inline void set(std::uint64_t v) noexcept {
     if (hw != nullptr) [[unlikely]] return hw->set(*this, v);
     value.store(v, std::memory_order_seq_cst);
     notify();
   }
   /// errors = v. Memory ordering: as set().
-  void set_error(std::uint64_t v) noexcept {
+  inline void set_error(std::uint64_t v) noexcept {
     if (hw != nullptr) [[unlikely]] return hw->set_error(*this, v);
     errors.store(v, std::memory_order_seq_cst);
     notify();
@@ -128,7 +128,7 @@ struct alignas(false_sharing_range) slot {
 
   /// After an update: wake sleepers / signal armed fds, but only if someone is watching.
   /// The common case is one seq_cst load (a plain mov on x86-64) of a word on the same line.
-  void notify() noexcept {
+  inline void notify() noexcept {
     if (watch.load(std::memory_order_seq_cst) != 0) [[unlikely]] notify_slow();
   }
   void notify_slow() noexcept;  // src/slot.cpp
