@@ -13,7 +13,8 @@
 //   sleep" mode); spin == spin_forever never leaves 1 (the "spin only" mode: never sleeps).
 // A progress hook is called before every check of every phase, and a waiter with a hook (or on
 // a hardware-backed counter, whose device writes do not wake anyone) sleeps at most
-// progress_interval at a time, so it never stops driving progress.
+// progress_interval at a time, so it never stops driving progress. The counter's device's own
+// progress sources (emulated verbs CQs) are driven the same way with no hook needed.
 //
 // Threshold comparison: a counter has reached `threshold` when `value >= threshold`, compared as
 // plain unsigned 64-bit numbers (verbs, fi_cntr_wait and PtlCTWait semantics). This is NOT

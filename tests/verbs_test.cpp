@@ -11,6 +11,8 @@
 #endif
 
 #include <atomic>
+#include <chrono>
+#include <span>
 #include <cerrno>
 #include <cstdint>
 #include <deque>
@@ -521,3 +523,42 @@ TEST_CASE("C: compcntr_wrap_ibv_qp and compcntr_progress") {
 }
 
 #endif  // COMPCNTR_HAVE_VERBS
+
+TEST_CASE("wait and poll_any drive the device's progress: no hook needed for a wrapped QP's CQ") {
+  using namespace std::chrono_literals;
+  auto dev = open_soft();
+  fake_cq cq;
+  fake_qp vq(31);
+  auto w = wrap(dev, &vq, on(cq));
+  auto sends = make_counter(dev), recvs = make_counter(dev);
+  attach(w, sends, bits(attach_op::send));
+
+  // Already in the CQ when the wait starts: the wait's first check drains it.
+  cq.ok(IBV_WC_SEND, 8);
+  CHECK(compcntr::wait(sends, 1, 0ms) == std::errc{});
+  CHECK(sends.value() == 1);
+
+  // Arrives while the waiter sleeps (forced-sleep mode, no hook): its bounded sleep slices
+  // keep draining the CQ, so the completion ends the wait.
+  // The producer pushes only once the waiter is registered as a sleeper on the counter: with
+  // nothing driving the CQ the wait would then sleep until its timeout.
+  const auto* slot = sends.native_slot();
+  std::thread producer([&] {
+    while ((slot->watch.load() & compcntr::detail::watch_sleepers_mask) == 0)
+      std::this_thread::yield();
+    cq.ok(IBV_WC_SEND, 8);
+  });
+  CHECK(compcntr::wait(sends, 2, 10s, compcntr::wait_options{.spin = 0ns}) == std::errc{});
+  producer.join();
+  CHECK(sends.value() == 2);
+
+  // poll_any over counters of that device drives it too; an error completion is EIO.
+  std::vector<const compcntr::counter*> list{&recvs, &sends};
+  const std::uint64_t thresholds[] = {1, 100};
+  cq.error(0, 31);
+  const auto r = compcntr::poll_any(std::span<const compcntr::counter* const>(list),
+                                    std::span<const std::uint64_t>(thresholds), 10s);
+  CHECK(r.status == std::errc::io_error);
+  CHECK(r.index == 1);
+  CHECK(sends.errors() == 1);
+}

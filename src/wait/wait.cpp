@@ -153,8 +153,13 @@ std::errc wait_slow(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
     if (s.errors.load(std::memory_order_seq_cst) != err0) return {true, std::errc::io_error, 0};
     return pending;
   };
+  // The device's own progress sources (emulated verbs CQs) are driven like a hook: a waiter on
+  // a counter fed by a wrapped ibv_qp needs no hook of its own. One relaxed load when none.
+  device_core& dev = *s.owner;
+  const bool bounded = o.progress != nullptr || s.hw != nullptr || !dev.progress_sources().empty();
   auto check = [&]() noexcept -> outcome {
     if (o.progress) o.progress(o.progress_ctx);
+    dev.progress();
     if (refresh) refresh(s);
     return test();
   };
@@ -169,7 +174,7 @@ std::errc wait_slow(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
     s.watch.fetch_sub(1, std::memory_order_seq_cst);
     return r;
   };
-  return run_phases(timeout_ms, o, o.progress != nullptr || s.hw != nullptr, check, sleep).ec;
+  return run_phases(timeout_ms, o, bounded, check, sleep).ec;
 }
 
 poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
@@ -183,7 +188,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
     const slot* s = list.at(list.base, i);
     if (s == nullptr)
       return {std::errc(fail(EINVAL, "poll: counter %zu is NULL or empty", i).value()), 0};
-    any_hw |= s->hw != nullptr;
+    any_hw |= s->hw != nullptr || !s->owner->progress_sources().empty();
   }
   const std::size_t start = poll_cursor % n;
 
@@ -224,8 +229,11 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
   auto check = [&]() noexcept -> outcome {
     if (o.progress) o.progress(o.progress_ctx);
     if (any_hw)
-      for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t i = 0; i < n; ++i) {
+        // Each device's progress sources once per check (consecutive counters usually share one).
+        if (i == 0 || e[i].s->owner != e[i - 1].s->owner) e[i].s->owner->progress();
         if (e[i].s->hw != nullptr && e[i].s->hw->refresh != nullptr) e[i].s->hw->refresh(*e[i].s);
+      }
     return test();
   };
   // One futex word for the whole call (w.seq), registered in every slot's extension block:
