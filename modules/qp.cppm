@@ -87,6 +87,17 @@ export namespace compcntr {
 /// COMPCNTR_QPS_*).
 enum class qp_state : std::uint32_t { reset = 0, init = 1, rts = 2, err = 3 };
 
+/// "RESET", "INIT", "RTS", "ERR" (for messages).
+inline const char* qp_state_name(qp_state s) noexcept {
+  switch (s) {
+    case qp_state::reset: return "RESET";
+    case qp_state::init: return "INIT";
+    case qp_state::rts: return "RTS";
+    case qp_state::err: return "ERR";
+  }
+  return "an unknown state";
+}
+
 /// Combines attach_op bits: `attach_op::send | attach_op::recv`.
 constexpr std::uint32_t operator|(attach_op a, attach_op b) noexcept {
   return static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b);

@@ -17,20 +17,6 @@ namespace compcntr {
 
 namespace detail {
 
-namespace {
-
-const char* state_name(qp_state s) noexcept {
-  switch (s) {
-    case qp_state::reset: return "RESET";
-    case qp_state::init: return "INIT";
-    case qp_state::rts: return "RTS";
-    case qp_state::err: return "ERR";
-  }
-  return "?";
-}
-
-}  // namespace
-
 std::uint32_t next_qp_num() noexcept {
   // Process-wide, never 0 (0 reads as "no QP" in messages). Relaxed: only uniqueness matters.
   static std::atomic<std::uint32_t> next{1};
@@ -69,7 +55,7 @@ std::error_code qp_impl::attach(slot& s, const attach_options& o) noexcept {
   const qp_state st = state();
   if (st != qp_state::reset && st != qp_state::init)
     return fail(EINVAL, "qp_attach_comp_cntr: QP %u is in %s; attach needs RESET or INIT",
-                qp_num_, state_name(st));
+                qp_num_, qp_state_name(st));
   std::uint32_t busy = 0;
   for (unsigned i = 0; i < attach_op_count; ++i)
     if ((o.op_mask >> i & 1u) && served_[i].load(std::memory_order_relaxed) != nullptr)

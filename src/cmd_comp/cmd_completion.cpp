@@ -26,13 +26,6 @@ constexpr std::size_t issue_chunk = 256;
 /// keeps an issue-then-collect loop out of the kernel without burning a core when idle.
 constexpr auto get_spin = std::chrono::microseconds(20);
 
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 /// Waits until a response is probably queued (spinning briefly first) or the fd polls
 /// readable, or fails with EAGAIN when the application made the fd non-blocking.

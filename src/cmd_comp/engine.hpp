@@ -36,13 +36,6 @@
 
 namespace compcntr::detail {
 
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // ---- nodes ----------------------------------------------------------------------------------
 

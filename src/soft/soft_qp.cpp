@@ -112,15 +112,6 @@ class soft_qp final : public qp_impl {
   std::atomic<const char*> last_error_{""};
 };
 
-const char* state_name(qp_state s) noexcept {
-  switch (s) {
-    case qp_state::reset: return "RESET";
-    case qp_state::init: return "INIT";
-    case qp_state::rts: return "RTS";
-    case qp_state::err: return "ERR";
-  }
-  return "an unknown state";
-}
 
 std::error_code soft_qp::modify(qp_state to) noexcept {
   std::lock_guard<std::mutex> g(ctl_);
@@ -152,7 +143,8 @@ std::error_code soft_qp::modify(qp_state to) noexcept {
       return fail(EINVAL, "modify_qp: unknown state %u", static_cast<unsigned>(to));
   }
   return fail(EINVAL, "modify_qp: QP %u cannot go from %s to %s (allowed: RESET -> INIT, "
-              "INIT -> RTS by connect_qp, any -> ERR)", qp_num(), state_name(from), state_name(to));
+              "INIT -> RTS by connect_qp, any -> ERR)", qp_num(), qp_state_name(from),
+              qp_state_name(to));
 }
 
 std::error_code soft_qp::connect(qp_impl& peer_impl) noexcept {
@@ -167,7 +159,7 @@ std::error_code soft_qp::connect(qp_impl& peer_impl) noexcept {
   const qp_state b = p->state_.load(std::memory_order_relaxed);
   if (a != qp_state::init || b != qp_state::init)
     return fail(EINVAL, "connect_qp: both QPs must be in INIT (QP %u is %s, QP %u is %s)", qp_num(),
-                state_name(a), p->qp_num(), state_name(b));
+                qp_state_name(a), p->qp_num(), qp_state_name(b));
   auto* l = new (std::nothrow) soft_link;
   if (!l) return fail(ENOMEM, "connect_qp: out of memory");
   link_ = p->link_ = l;
@@ -207,7 +199,8 @@ std::error_code soft_qp::check_post(const char* call, const void* addr, std::siz
   if (addr == nullptr && len != 0) return fail(EINVAL, "%s: addr is NULL (len %zu)", call, len);
   const qp_state s = state();
   if (s != qp_state::rts)
-    return fail(EINVAL, "%s: QP %u is in %s; posting needs RTS", call, qp_num(), state_name(s));
+    return fail(EINVAL, "%s: QP %u is in %s; posting needs RTS", call, qp_num(),
+                qp_state_name(s));
   return {};
 }
 
