@@ -19,24 +19,17 @@
 
 import compcntr;
 
+#include "support.hpp"
+
+using test_support::make_counter;
+using test_support::open_soft;
+
 #include "blocked.hpp"
 #include "fake_device.hpp"
 
 namespace {
 
-compcntr::device open_soft() {
-  std::error_code ec;
-  auto dev = compcntr::device::open("soft", ec);
-  REQUIRE_FALSE(ec);
-  return dev;
-}
 
-compcntr::counter make(compcntr::device& dev) {
-  std::error_code ec;
-  auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
-  REQUIRE_FALSE(ec);
-  return c;
-}
 
 compcntr::cmd_completion make_cmd(compcntr::device& dev) {
   std::error_code ec;
@@ -86,7 +79,7 @@ TEST_CASE("create needs a device; a moved-from cmd_completion is empty") {
 TEST_CASE("typed get, batched query and get; readiness tracks the queue exactly") {
   auto dev = open_soft();
   auto cmd = make_cmd(dev);
-  auto c = make(dev);
+  auto c = make_counter(dev);
   c.add(7);
   c.add_error(3);
   constexpr std::size_t n = 100;
@@ -147,7 +140,7 @@ TEST_CASE("answers come from the device's engine thread, never the issuing call"
   auto st = std::make_shared<fake::stats>();
   auto dev = fake::open(st);
   REQUIRE(dev);
-  auto c = make(dev);
+  auto c = make_counter(dev);
   auto cmd = make_cmd(dev);
   c.add(4);  // goes to the fake device, not the slot
   CHECK(c.value() == 0);
@@ -164,7 +157,7 @@ TEST_CASE("answers come from the device's engine thread, never the issuing call"
 TEST_CASE("a blocked typed get is woken by the response") {
   auto dev = open_soft();
   auto cmd = make_cmd(dev);
-  auto c = make(dev);
+  auto c = make_counter(dev);
   std::atomic<pid_t> tid{0};
   compcntr::query_response r;
   std::error_code ec;
@@ -185,7 +178,7 @@ TEST_CASE("many producers, one consumer: every wr_id answered exactly once, afte
   constexpr int producers = 4;
   const int per_producer = 40000 / stress_scale;
   std::vector<compcntr::counter> counters;
-  for (int p = 0; p < producers; ++p) counters.push_back(make(dev));
+  for (int p = 0; p < producers; ++p) counters.push_back(make_counter(dev));
 
   std::atomic<int> refused{0};
   std::atomic<int> wrong_errors{0};  // asserted on the main thread
@@ -270,7 +263,7 @@ TEST_CASE("many producers, one consumer: every wr_id answered exactly once, afte
 TEST_CASE("destroy while the engine answers, repeatedly (ASan/TSan check the hand-over)") {
   for (int round = 0; round < 40 / stress_scale; ++round) {
     auto dev = open_soft();
-    auto c = make(dev);
+    auto c = make_counter(dev);
     auto cmd = make_cmd(dev);
     std::vector<compcntr::query_request> reqs(3000, compcntr::query_request{&c, 0});
     for (std::size_t i = 0; i < reqs.size(); ++i) reqs[i].wr_id = i;
@@ -294,7 +287,7 @@ TEST_CASE("a device dropped before its last cmd_comp dies with it (engine stops 
   compcntr::counter c;
   {
     auto dev = open_soft();
-    c = make(dev);
+    c = make_counter(dev);
     cmd = make_cmd(dev);
   }  // the handle's reference is gone; the counter and cmd_comp keep the device alive
   REQUIRE_FALSE(cmd.query(c, 8));

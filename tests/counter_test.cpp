@@ -17,23 +17,14 @@
 
 import compcntr;
 
+#include "support.hpp"
+
+using test_support::make_counter;
+using test_support::open_soft;
+
 namespace {
 
-compcntr::device open_soft() {
-  std::error_code ec;
-  auto dev = compcntr::device::open("soft", ec);
-  REQUIRE_FALSE(ec);
-  REQUIRE(dev);
-  return dev;
-}
 
-compcntr::counter make(compcntr::device& dev, compcntr::counter_type t = compcntr::counter_type::wrs) {
-  std::error_code ec;
-  auto c = dev.create_counter(t, ec);
-  REQUIRE_FALSE(ec);
-  REQUIRE(c);
-  return c;
-}
 
 // Sets an environment variable for one scope.
 struct scoped_env {
@@ -87,7 +78,7 @@ TEST_CASE("caps of the software device") {
 TEST_CASE("a new counter reads 0 and keeps its two values independent") {
   auto dev = open_soft();
   for (auto type : {compcntr::counter_type::wrs, compcntr::counter_type::bytes}) {
-    auto c = make(dev, type);
+    auto c = make_counter(dev, type);
     CHECK(c.type() == type);
     CHECK(c.value() == 0);
     CHECK(c.errors() == 0);
@@ -116,7 +107,7 @@ TEST_CASE("a new counter reads 0 and keeps its two values independent") {
 
 TEST_CASE("values wrap to 0 past max_value") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   c.set(UINT64_MAX);
   c.add(1);
   CHECK(c.value() == 0);
@@ -153,7 +144,7 @@ TEST_CASE("many counters are independent and never share a 128-byte block") {
   cs.reserve(n);
   std::set<std::uintptr_t> blocks;
   for (int i = 0; i < n; ++i) {
-    cs.push_back(make(dev));
+    cs.push_back(make_counter(dev));
     auto addr = reinterpret_cast<std::uintptr_t>(cs.back().native_slot());
     CHECK(addr % 128 == 0);
     blocks.insert(addr / 128);
@@ -172,7 +163,7 @@ TEST_CASE("many counters are independent and never share a 128-byte block") {
 
 TEST_CASE("concurrent increments from several threads lose nothing") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   constexpr int threads = 4;
   constexpr std::uint64_t per_thread = 200000;
   std::atomic<int> ready{0};
@@ -197,7 +188,7 @@ TEST_CASE("capacity: COMPCNTR_MAX_COUNTERS, ENOMEM changes nothing, destroy free
   CHECK(dev.caps().max_counters == 4);
   std::vector<compcntr::counter> cs;
   for (int i = 0; i < 4; ++i) {
-    cs.push_back(make(dev));
+    cs.push_back(make_counter(dev));
     cs.back().add(10 + i);
   }
   std::error_code ec;
@@ -230,19 +221,19 @@ TEST_CASE("COMPCNTR_MAX_COUNTERS that is not a positive number is EINVAL at open
 
 TEST_CASE("close refuses with EBUSY while counters live; the device outlives its handle") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   std::error_code ec;
   dev.close(ec);
   CHECK(ec == std::errc::device_or_resource_busy);
   CHECK(dev);  // still open and usable
-  auto c2 = make(dev);
+  auto c2 = make_counter(dev);
   c2.reset();
   c.add(3);
 
   {
     // Dropping the handle while a counter lives keeps the device alive for the counter.
     auto dev2 = open_soft();
-    auto orphan = make(dev2);
+    auto orphan = make_counter(dev2);
     dev2 = compcntr::device{};
     orphan.add(9);
     CHECK(orphan.value() == 9);
@@ -256,7 +247,7 @@ TEST_CASE("close refuses with EBUSY while counters live; the device outlives its
 
 TEST_CASE("moving a counter transfers ownership") {
   auto dev = open_soft();
-  auto a = make(dev);
+  auto a = make_counter(dev);
   a.add(4);
   compcntr::counter b = std::move(a);
   CHECK_FALSE(a);
@@ -265,7 +256,7 @@ TEST_CASE("moving a counter transfers ownership") {
   c = std::move(b);
   CHECK(c.value() == 4);
   CHECK(dev.live_counters() == 1);
-  c = make(dev);  // the old one is destroyed by the assignment
+  c = make_counter(dev);  // the old one is destroyed by the assignment
   CHECK(dev.live_counters() == 1);
   CHECK(c.value() == 0);
 }

@@ -20,17 +20,16 @@
 
 import compcntr;
 
+#include "support.hpp"
+
+using test_support::make_counter;
+using test_support::open_soft;
+
 using namespace std::chrono_literals;
 using test_util::eventually;
 
 namespace {
 
-compcntr::device open_soft() {
-  std::error_code ec;
-  auto dev = compcntr::device::open("soft", ec);
-  REQUIRE_FALSE(ec);
-  return dev;
-}
 
 std::vector<compcntr::counter> make_n(compcntr::device& dev, std::size_t n) {
   std::vector<compcntr::counter> v;

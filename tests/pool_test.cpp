@@ -21,6 +21,11 @@
 
 import compcntr;
 
+#include "support.hpp"
+
+using test_support::make_counter;
+using test_support::open_soft;
+
 using compcntr::detail::pool_config;
 using compcntr::detail::slot;
 using compcntr::detail::slot_pool;
@@ -81,13 +86,6 @@ struct scoped_pin {
   }
 };
 
-compcntr::device open_soft() {
-  std::error_code ec;
-  auto dev = compcntr::device::open("soft", ec);
-  REQUIRE_FALSE(ec);
-  REQUIRE(dev);
-  return dev;
-}
 
 }  // namespace
 

@@ -8,25 +8,16 @@
 #include <system_error>
 #include <vector>
 
+#include "support.hpp"
+
 namespace qpt {
 
 using compcntr::attach_op;
 using compcntr::counter_type;
 using compcntr::qp_state;
 
-inline compcntr::device open_soft() {
-  std::error_code ec;
-  auto dev = compcntr::device::open("soft", ec);
-  REQUIRE_FALSE(ec);
-  return dev;
-}
-
-inline compcntr::counter make_counter(compcntr::device& dev, counter_type t = counter_type::wrs) {
-  std::error_code ec;
-  auto c = dev.create_counter(t, ec);
-  REQUIRE_FALSE(ec);
-  return c;
-}
+using test_support::make_counter;
+using test_support::open_soft;
 
 inline compcntr::qp make_qp(compcntr::device& dev) {
   std::error_code ec;

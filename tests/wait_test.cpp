@@ -15,24 +15,17 @@
 
 import compcntr;
 
+#include "support.hpp"
+
+using test_support::make_counter;
+using test_support::open_soft;
+
 using namespace std::chrono_literals;
 using test_util::eventually;
 
 namespace {
 
-compcntr::device open_soft() {
-  std::error_code ec;
-  auto dev = compcntr::device::open("soft", ec);
-  REQUIRE_FALSE(ec);
-  return dev;
-}
 
-compcntr::counter make(compcntr::device& dev) {
-  std::error_code ec;
-  auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
-  REQUIRE_FALSE(ec);
-  return c;
-}
 
 std::uint32_t sleepers(const compcntr::counter& c) {
   return c.native_slot()->watch.load() & compcntr::detail::watch_sleepers_mask;
@@ -78,7 +71,7 @@ TEST_CASE("backoff: pauses, then yields, then says block") {
 
 TEST_CASE("wait: already satisfied, test once, thresholds compare as unsigned >=") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   CHECK(compcntr::wait(c, 0, 0ms) == std::errc{});  // 0 >= 0
   c.add(5);
   for (const mode& m : modes) {
@@ -103,7 +96,7 @@ TEST_CASE("wait: already satisfied, test once, thresholds compare as unsigned >=
 
 TEST_CASE("wait: errors before the wait do not count, errors during it are EIO") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   c.set_error(3);
   CHECK(compcntr::wait(c, 1, 0ms) == std::errc::timed_out);
   CHECK(compcntr::wait(c, 1, 20ms) == std::errc::timed_out);
@@ -135,7 +128,7 @@ TEST_CASE("wait: errors before the wait do not count, errors during it are EIO")
 
 TEST_CASE("wait: woken by another thread's increments, in every mode") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   std::uint64_t target = 0;
   for (const mode& m : modes) {
     CAPTURE(m.name);
@@ -172,7 +165,7 @@ TEST_CASE("wait: woken by another thread's increments, in every mode") {
 
 TEST_CASE("wait: many sleepers on one counter all wake") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   constexpr int n = 4;
   std::atomic<int> ok{0};
   std::vector<std::thread> ts;
@@ -187,7 +180,7 @@ TEST_CASE("wait: many sleepers on one counter all wake") {
 
 TEST_CASE("wait: timeouts are never early and not much late") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   for (const mode& m : modes) {
     CAPTURE(m.name);
     const auto o = with_spin(m.spin);
@@ -205,7 +198,7 @@ TEST_CASE("wait: timeouts are never early and not much late") {
 
 TEST_CASE("wait: progress hooks run before the first check and between bounded sleeps") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   struct ctx_t {
     compcntr::counter* c;
     int calls = 0;
@@ -257,7 +250,7 @@ constexpr compcntr::detail::hw_counter_ops fake_hw{hw_add, hw_add_error, hw_set,
 
 TEST_CASE("wait: hardware-backed counters are refreshed while waiting, even when asleep") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   compcntr::detail::slot& s = *c.native_slot();
   s.hw = &fake_hw;
   hw_errors = 4;  // before the wait, not yet in the mirror: must not count as "during"
@@ -288,7 +281,7 @@ TEST_CASE("wait: hardware-backed counters are refreshed while waiting, even when
 
 TEST_CASE("wait: an idle waiter sleeps (thread CPU time a small fraction of wall time)") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   struct run {
     double wall_ms, cpu_ms;
     int result;
@@ -348,8 +341,8 @@ TEST_CASE("wait: 100,000-round ping-pong loses no wake-up") {
     return compcntr::wait(c, i, lost, o) == std::errc{} && test_util::clock_type::now() - t0 < lost;
   };
   auto dev = open_soft();
-  auto ping = make(dev);
-  auto pong = make(dev);
+  auto ping = make_counter(dev);
+  auto pong = make_counter(dev);
   constexpr std::uint64_t rounds = 100'000;
   auto receiver_opts = [](std::uint64_t i) {
     return with_spin(i % 2 == 0 || i % 4 == 3 ? compcntr::default_spin : 0ns);
@@ -409,7 +402,7 @@ TEST_CASE("wait: 100,000-round ping-pong loses no wake-up") {
 
 TEST_CASE("wait_options: an aggregate with designated initializers (docs/wait.md example)") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   struct queue {
     compcntr::counter* c;
     int drained = 0;
