@@ -27,7 +27,12 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <system_error>
 #include <vector>
+
+import compcntr;
+
+#include <compcntr/fabric.hpp>
 
 #include "internal.hpp"
 
@@ -63,10 +68,22 @@ constexpr std::uint64_t sentinel = ~std::uint64_t{0};
 constexpr std::size_t batch = 64;  // entries per fi_cq_read with a known format (3 KiB TAGGED)
 constexpr std::size_t default_max_entries = 1024;
 
+// A counter bound to some classes of a bridge: a C counter (the application keeps it alive), or
+// a C++ counter reached through a counter_ref the binding holds (which keeps it alive).
 struct binding {
-  compcntr_comp_cntr* cc;
-  bool bytes;
-  adapter* owner;  // the adapter counter cc belongs to, or nullptr
+  compcntr_comp_cntr* cc = nullptr;
+  compcntr::counter_ref ref;
+  bool bytes = false;
+  adapter* owner = nullptr;  // the adapter counter cc belongs to, or nullptr
+
+  void add(std::uint64_t n) noexcept {
+    if (cc) compcntr_inc_comp_cntr(cc, n);
+    else ref.add(n);
+  }
+  void add_error(std::uint64_t n) noexcept {
+    if (cc) compcntr_inc_err_comp_cntr(cc, n);
+    else ref.add_error(n);
+  }
 };
 
 }  // namespace
@@ -140,8 +157,11 @@ struct tally {
       // acquire: pairs with bind's release store, so the binding's fields are visible. A class
       // counted above had a binding (bindings are never removed while the bridge is open).
       const binding* b = br->table[c].load(std::memory_order_acquire);
-      if (done[c]) compcntr_inc_comp_cntr(b->cc, b->bytes ? bytes[c] : done[c]);
-      if (failed[c]) compcntr_inc_err_comp_cntr(b->cc, failed[c]);
+      // const_cast: the binding is immutable once published, except for the counter it counts
+      // into (its updates are atomic).
+      auto* m = const_cast<binding*>(b);
+      if (done[c]) m->add(b->bytes ? bytes[c] : done[c]);
+      if (failed[c]) m->add_error(failed[c]);
       done[c] = bytes[c] = failed[c] = 0;
     }
     br->entries.store(br->entries.load(std::memory_order_relaxed) + entries, std::memory_order_relaxed);
@@ -183,6 +203,41 @@ compcntr_fi_bridge* fail_open(int err, const char* what) noexcept {
   fail(err, "%s", what);
   errno = err;
   return nullptr;
+}
+
+// The part of binding shared by the C and C++ calls: checks flags, refuses overlaps, registers
+// the binding with its adapter counter (if cc is one) and publishes it.
+int bind_binding(compcntr_fi_bridge* br, std::unique_ptr<binding> b, std::uint64_t flags,
+                 const char* call) noexcept {
+  if (flags == 0) return fail(EINVAL, "%s: flags is 0", call);
+  if (flags & ~bindable)
+    return fail(EINVAL, "%s: flags 0x%llx has bits outside FI_SEND | FI_RECV | FI_READ | FI_WRITE | "
+                        "FI_REMOTE_READ | FI_REMOTE_WRITE", call, static_cast<unsigned long long>(flags & ~bindable));
+  if (b->bytes && (flags & no_len))
+    return fail(ENOTSUP, "%s: a BYTES counter can count FI_RECV and FI_REMOTE_WRITE only (libfabric defines "
+                         "a CQ entry's len for receives and remote writes with CQ data)", call);
+  std::lock_guard lk(br->bind_mu);
+  for (int c = 0; c < n_classes; ++c)
+    if ((flags & class_flag[c]) && br->table[c].load(std::memory_order_relaxed) != nullptr)
+      return fail(EBUSY, "%s: class 0x%llx already has a counter on this bridge", call,
+                  static_cast<unsigned long long>(class_flag[c]));
+  try {
+    br->owned.reserve(br->owned.size() + 1);
+  } catch (...) {
+    return fail(ENOMEM, "%s: out of memory", call);
+  }
+  if (b->cc) {
+    std::lock_guard rl(registry_lock());
+    if (adapter* a = find_adapter(b->cc)) {
+      if (!add_binding(*a, br)) return fail(ENOMEM, "%s: out of memory", call);
+      b->owner = a;
+    }
+  }
+  // release: progress's acquire load of the class slot sees the binding's fields.
+  for (int c = 0; c < n_classes; ++c)
+    if (flags & class_flag[c]) br->table[c].store(b.get(), std::memory_order_release);
+  br->owned.push_back(std::move(b));  // capacity reserved above: cannot throw
+  return 0;
 }
 
 }  // namespace
@@ -227,42 +282,14 @@ struct compcntr_fi_bridge* compcntr_fi_bridge_open_ex(struct fid_cq* cq,
 int compcntr_fi_bridge_bind(struct compcntr_fi_bridge* br, struct compcntr_comp_cntr* cc, uint64_t flags) {
   if (br == nullptr) return fail(EINVAL, "compcntr_fi_bridge_bind: br is NULL");
   if (cc == nullptr) return fail(EINVAL, "compcntr_fi_bridge_bind: cc is NULL");
-  if (flags == 0) return fail(EINVAL, "compcntr_fi_bridge_bind: flags is 0");
-  if (flags & ~bindable)
-    return fail(EINVAL, "compcntr_fi_bridge_bind: flags 0x%llx has bits outside FI_SEND | FI_RECV | FI_READ | "
-                        "FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE", static_cast<unsigned long long>(flags & ~bindable));
   compcntr_comp_cntr_type type{};
   if (const int err = compcntr_comp_cntr_get_type(cc, &type))
     return fail(err, "compcntr_fi_bridge_bind: %s", compcntr_last_error_message());
-  const bool bytes = type == COMPCNTR_COMP_CNTR_TYPE_BYTES;
-  if (bytes && (flags & no_len))
-    return fail(ENOTSUP, "compcntr_fi_bridge_bind: a BYTES counter can count FI_RECV and FI_REMOTE_WRITE only "
-                         "(libfabric defines a CQ entry's len for receives and remote writes with CQ data)");
-
-  std::lock_guard lk(br->bind_mu);
-  for (int c = 0; c < n_classes; ++c)
-    if ((flags & class_flag[c]) && br->table[c].load(std::memory_order_relaxed) != nullptr)
-      return fail(EBUSY, "compcntr_fi_bridge_bind: class 0x%llx already has a counter on this bridge",
-                  static_cast<unsigned long long>(class_flag[c]));
-  std::unique_ptr<binding> b(new (std::nothrow) binding{cc, bytes, nullptr});
+  std::unique_ptr<binding> b(new (std::nothrow) binding);
   if (!b) return fail(ENOMEM, "compcntr_fi_bridge_bind: out of memory");
-  try {
-    br->owned.reserve(br->owned.size() + 1);
-  } catch (...) {
-    return fail(ENOMEM, "compcntr_fi_bridge_bind: out of memory");
-  }
-  {
-    std::lock_guard rl(registry_lock());
-    if (adapter* a = find_adapter(cc)) {
-      if (!add_binding(*a, br)) return fail(ENOMEM, "compcntr_fi_bridge_bind: out of memory");
-      b->owner = a;
-    }
-  }
-  // release: progress's acquire load of the slot sees cc and bytes.
-  for (int c = 0; c < n_classes; ++c)
-    if (flags & class_flag[c]) br->table[c].store(b.get(), std::memory_order_release);
-  br->owned.push_back(std::move(b));  // capacity reserved above: cannot throw
-  return 0;
+  b->cc = cc;
+  b->bytes = type == COMPCNTR_COMP_CNTR_TYPE_BYTES;
+  return bind_binding(br, std::move(b), flags, "compcntr_fi_bridge_bind");
 }
 
 ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge* br) {
@@ -362,3 +389,24 @@ int compcntr_fi_bridge_close(struct compcntr_fi_bridge* br) {
 }
 
 }  // extern "C"
+
+int compcntr::fabric::bind(compcntr_fi_bridge* br, compcntr::counter_ref ref, std::uint64_t flags) noexcept {
+  if (br == nullptr) return fail(EINVAL, "compcntr::fabric::bind: br is NULL");
+  if (!ref) return fail(EINVAL, "compcntr::fabric::bind: the counter_ref is empty");
+  std::unique_ptr<binding> b(new (std::nothrow) binding);
+  if (!b) return fail(ENOMEM, "compcntr::fabric::bind: out of memory");
+  b->bytes = ref.type() == compcntr::counter_type::bytes;
+  b->ref = std::move(ref);
+  return bind_binding(br, std::move(b), flags, "compcntr::fabric::bind");
+}
+
+int compcntr::fabric::bind(compcntr_fi_bridge* br, const compcntr::device& dev, const compcntr::counter& c,
+                           std::uint64_t flags) noexcept {
+  if (!c) return fail(EINVAL, "compcntr::fabric::bind: the counter is empty");
+  std::error_code ec;
+  compcntr::counter_ref ref = dev.resolve(c.handle(), ec);
+  // A handle resolved on another device names an unrelated slot: check it is c's.
+  if (ec || ref.native_slot() != c.native_slot())
+    return fail(EINVAL, "compcntr::fabric::bind: the counter is not a counter of `dev`");
+  return bind(br, std::move(ref), flags);
+}
