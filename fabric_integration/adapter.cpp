@@ -256,15 +256,16 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
     return -fail(EINVAL, "compcntr_fi_cntr_open: attr->flags must be 0 (got 0x%llx)",
                  static_cast<unsigned long long>(a.flags));
   compcntr_comp_cntr_init_attr ia{};
-  if (a.events == FI_CNTR_EVENTS_COMP) {
+  const int events = raw_enum(a.events), wait_obj = raw_enum(a.wait_obj);
+  if (events == FI_CNTR_EVENTS_COMP) {
     ia.type = COMPCNTR_COMP_CNTR_TYPE_WRS;
-  } else if (a.events == COMPCNTR_FI_CNTR_EVENTS_BYTES) {
+  } else if (events == static_cast<int>(COMPCNTR_FI_CNTR_EVENTS_BYTES)) {
     ia.type = COMPCNTR_COMP_CNTR_TYPE_BYTES;
   } else {
     return -fail(EINVAL, "compcntr_fi_cntr_open: unknown attr->events %d (FI_CNTR_EVENTS_COMP or "
-                         "COMPCNTR_FI_CNTR_EVENTS_BYTES)", static_cast<int>(a.events));
+                         "COMPCNTR_FI_CNTR_EVENTS_BYTES)", events);
   }
-  switch (a.wait_obj) {
+  switch (wait_obj) {
     case FI_WAIT_NONE:
     case FI_WAIT_UNSPEC:
     case FI_WAIT_YIELD:
@@ -278,9 +279,9 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
     case FI_WAIT_MUTEX_COND:
     case FI_WAIT_POLLFD:
       return -fail(EOPNOTSUPP, "compcntr_fi_cntr_open: wait object %d is not supported (FI_WAIT_NONE, "
-                               "FI_WAIT_UNSPEC, FI_WAIT_YIELD or FI_WAIT_FD)", static_cast<int>(a.wait_obj));
+                               "FI_WAIT_UNSPEC, FI_WAIT_YIELD or FI_WAIT_FD)", wait_obj);
     default:
-      return -fail(EINVAL, "compcntr_fi_cntr_open: unknown wait object %d", static_cast<int>(a.wait_obj));
+      return -fail(EINVAL, "compcntr_fi_cntr_open: unknown wait object %d", wait_obj);
   }
 
   compcntr_comp_cntr* cc = compcntr_create_comp_cntr(dev, &ia);
@@ -290,7 +291,7 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
     return from_errno(err);
   }
   int fd = -1;
-  if (a.wait_obj == FI_WAIT_FD) {
+  if (wait_obj == FI_WAIT_FD) {
     if (const int err = compcntr_comp_cntr_get_fd(cc, &fd)) {
       fail(err, "compcntr_fi_cntr_open: no fd for FI_WAIT_FD: %s", compcntr_last_error_message());
       compcntr_destroy_comp_cntr(cc);
@@ -303,7 +304,7 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
     return -fail(ENOMEM, "compcntr_fi_cntr_open: out of memory");
   }
   ad->cc = cc;
-  ad->wait_obj = a.wait_obj;
+  ad->wait_obj = static_cast<fi_wait_obj>(wait_obj);  // one of the four checked above
   ad->fd = fd;
   ad->cntr.fid.fclass = FI_CLASS_CNTR;
   ad->cntr.fid.context = context;

@@ -190,7 +190,7 @@ ssize_t read_error(compcntr_fi_bridge* br, tally& t) noexcept {
   return 1;
 }
 
-bool valid_format(fi_cq_format f, std::size_t& stride) noexcept {
+bool valid_format(int f, std::size_t& stride) noexcept {
   switch (f) {
     case FI_CQ_FORMAT_MSG: stride = sizeof(fi_cq_msg_entry); return true;
     case FI_CQ_FORMAT_DATA: stride = sizeof(fi_cq_data_entry); return true;
@@ -260,9 +260,9 @@ struct compcntr_fi_bridge* compcntr_fi_bridge_open_ex(struct fid_cq* cq,
       errno = EINVAL;
       return nullptr;
     }
-    if ((attr->comp_mask & COMPCNTR_FI_BRIDGE_ATTR_FORMAT) && !valid_format(attr->format, stride)) {
+    if ((attr->comp_mask & COMPCNTR_FI_BRIDGE_ATTR_FORMAT) && !valid_format(raw_enum(attr->format), stride)) {
       fail(EINVAL, "compcntr_fi_bridge_open_ex: format %d cannot be bridged (FI_CQ_FORMAT_MSG, _DATA or "
-                   "_TAGGED: CONTEXT entries carry no flags, UNSPEC has no known size)", static_cast<int>(attr->format));
+                   "_TAGGED: CONTEXT entries carry no flags, UNSPEC has no known size)", raw_enum(attr->format));
       errno = EINVAL;
       return nullptr;
     }

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <shared_mutex>
 #include <utility>
@@ -26,6 +27,17 @@ namespace compcntr_fabric {
 /// Records "<formatted sentence>" as this thread's compcntr_fi_last_error() and returns `err`
 /// (a positive errno value; callers negate it for -FI_E* returns).
 int fail(int err, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
+
+/// The integer stored in a libfabric enum field. C callers may store any int there (a C enum
+/// holds any value of its type); loading a value outside a C++ enum's range is undefined, so
+/// attribute fields are read as their integer.
+template <class E>
+inline int raw_enum(const E& e) noexcept {
+  static_assert(sizeof(E) == sizeof(int), "libfabric enums are int-sized");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 /// One adapter counter: a struct fid_cntr (first member, so fid_cntr* and adapter* convert)
 /// served by a compcntr counter it owns.

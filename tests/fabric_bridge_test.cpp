@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -105,16 +106,19 @@ TEST_CASE("open: argument checks") {
   CHECK(fi_last().find("not a CQ") != std::string::npos);
   struct bad {
     std::uint32_t mask;
-    fi_cq_format format;
+    int format;  // raw: a C caller may store any int (written with memcpy)
     std::size_t max;
     const char* what;
   };
   for (const bad& b : {bad{COMPCNTR_FI_BRIDGE_ATTR_FORMAT, FI_CQ_FORMAT_CONTEXT, 0, "format"},
                        bad{COMPCNTR_FI_BRIDGE_ATTR_FORMAT, FI_CQ_FORMAT_UNSPEC, 0, "format"},
-                       bad{COMPCNTR_FI_BRIDGE_ATTR_FORMAT, static_cast<fi_cq_format>(42), 0, "format"},
+                       bad{COMPCNTR_FI_BRIDGE_ATTR_FORMAT, 42, 0, "format"},
                        bad{COMPCNTR_FI_BRIDGE_ATTR_MAX_ENTRIES, FI_CQ_FORMAT_UNSPEC, 0, "max_entries"},
                        bad{1u << 7, FI_CQ_FORMAT_MSG, 1, "comp_mask"}}) {
-    compcntr_fi_bridge_attr a{b.mask, b.format, b.max};
+    compcntr_fi_bridge_attr a{};
+    a.comp_mask = b.mask;
+    std::memcpy(&a.format, &b.format, sizeof(int));
+    a.max_entries = b.max;
     errno = 0;
     CHECK_MESSAGE(compcntr_fi_bridge_open_ex(e->a.cq, &a) == nullptr, b.what);
     CHECK(errno == EINVAL);

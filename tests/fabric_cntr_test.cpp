@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -112,24 +113,33 @@ TEST_CASE("an adapter counter is a real fid_cntr served by a compcntr counter") 
 TEST_CASE("attributes: libfabric's conventions, nothing created on refusal") {
   soft s;
   fid_cntr* const sentinel = reinterpret_cast<fid_cntr*>(0x5a5a);
+  // Raw ints: a C caller may store any value in these enum fields (C++ may not even form
+  // out-of-range enum values), so they are written with memcpy.
   struct bad_case {
-    fi_cntr_attr attr;
+    int events, wait_obj;
+    fid_wait* wait_set;
+    std::uint64_t flags;
     int expect;
     const char* what;
   };
   fid_wait* some_set = reinterpret_cast<fid_wait*>(0x1000);  // never dereferenced
   const bad_case cases[] = {
-      {{FI_CNTR_EVENTS_COMP, FI_WAIT_NONE, nullptr, 1}, -FI_EINVAL, "flags"},
-      {{FI_CNTR_EVENTS_COMP, FI_WAIT_UNSPEC, nullptr, 1ull << 63}, -FI_EINVAL, "flags"},
-      {{static_cast<fi_cntr_events>(7), FI_WAIT_NONE, nullptr, 0}, -FI_EINVAL, "events"},
-      {{FI_CNTR_EVENTS_COMP, static_cast<fi_wait_obj>(99), nullptr, 0}, -FI_EINVAL, "wait object"},
-      {{FI_CNTR_EVENTS_COMP, FI_WAIT_SET, nullptr, 0}, -FI_EINVAL, "wait_set"},
-      {{FI_CNTR_EVENTS_COMP, FI_WAIT_SET, some_set, 0}, -FI_EOPNOTSUPP, "FI_WAIT_SET"},
-      {{FI_CNTR_EVENTS_COMP, FI_WAIT_MUTEX_COND, nullptr, 0}, -FI_EOPNOTSUPP, "not supported"},
-      {{FI_CNTR_EVENTS_COMP, FI_WAIT_POLLFD, nullptr, 0}, -FI_EOPNOTSUPP, "not supported"},
+      {FI_CNTR_EVENTS_COMP, FI_WAIT_NONE, nullptr, 1, -FI_EINVAL, "flags"},
+      {FI_CNTR_EVENTS_COMP, FI_WAIT_UNSPEC, nullptr, 1ull << 63, -FI_EINVAL, "flags"},
+      {7, FI_WAIT_NONE, nullptr, 0, -FI_EINVAL, "events"},
+      {-1, FI_WAIT_NONE, nullptr, 0, -FI_EINVAL, "events"},
+      {FI_CNTR_EVENTS_COMP, 99, nullptr, 0, -FI_EINVAL, "wait object"},
+      {FI_CNTR_EVENTS_COMP, FI_WAIT_SET, nullptr, 0, -FI_EINVAL, "wait_set"},
+      {FI_CNTR_EVENTS_COMP, FI_WAIT_SET, some_set, 0, -FI_EOPNOTSUPP, "FI_WAIT_SET"},
+      {FI_CNTR_EVENTS_COMP, FI_WAIT_MUTEX_COND, nullptr, 0, -FI_EOPNOTSUPP, "not supported"},
+      {FI_CNTR_EVENTS_COMP, FI_WAIT_POLLFD, nullptr, 0, -FI_EOPNOTSUPP, "not supported"},
   };
   for (const auto& bc : cases) {
-    fi_cntr_attr a = bc.attr;
+    fi_cntr_attr a{};
+    std::memcpy(&a.events, &bc.events, sizeof(int));
+    std::memcpy(&a.wait_obj, &bc.wait_obj, sizeof(int));
+    a.wait_set = bc.wait_set;
+    a.flags = bc.flags;
     fid_cntr* c = sentinel;
     CHECK_MESSAGE(compcntr_fi_cntr_open(s.dev, &a, &c, nullptr) == bc.expect, bc.what);
     CHECK(c == sentinel);  // *cntr is not written
