@@ -45,10 +45,11 @@ enum cls : int { remote_write, remote_read, read, write, send, recv, n_classes }
 constexpr std::uint64_t class_flag[n_classes] = {FI_REMOTE_WRITE, FI_REMOTE_READ, FI_READ,
                                                  FI_WRITE,        FI_SEND,        FI_RECV};
 constexpr std::uint64_t bindable = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-// Classes whose entries' len libfabric does not define (fi_cq(3): len applies to completed
-// receives, and to writes with remote CQ data at the target). tcp;ofi_rxm and shm report 0
-// there, udp;ofi_rxd the length: a BYTES counter cannot be fed from them reliably.
-constexpr std::uint64_t no_len = FI_SEND | FI_READ | FI_WRITE | FI_REMOTE_READ;
+// Classes whose entries' len libfabric 1.17 does not define (fi_cq(3): "This len field only
+// applies to completed receive operations"). Measured here: sends report 0 on tcp;ofi_rxm and
+// shm but the length on udp;ofi_rxd; remote writes with CQ data report 0 on tcp;ofi_rxm but the
+// length on udp;ofi_rxd and shm. A BYTES counter cannot be fed from them reliably.
+constexpr std::uint64_t no_len = FI_SEND | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
 
 inline int classify(std::uint64_t flags) noexcept {
   for (int c = 0; c < n_classes; ++c)
@@ -214,8 +215,8 @@ int bind_binding(compcntr_fi_bridge* br, std::unique_ptr<binding> b, std::uint64
     return fail(EINVAL, "%s: flags 0x%llx has bits outside FI_SEND | FI_RECV | FI_READ | FI_WRITE | "
                         "FI_REMOTE_READ | FI_REMOTE_WRITE", call, static_cast<unsigned long long>(flags & ~bindable));
   if (b->bytes && (flags & no_len))
-    return fail(ENOTSUP, "%s: a BYTES counter can count FI_RECV and FI_REMOTE_WRITE only (libfabric defines "
-                         "a CQ entry's len for receives and remote writes with CQ data)", call);
+    return fail(ENOTSUP, "%s: a BYTES counter can count FI_RECV only (libfabric 1.17 defines a CQ entry's "
+                         "len for receives only; providers report 0 for other classes)", call);
   std::lock_guard lk(br->bind_mu);
   for (int c = 0; c < n_classes; ++c)
     if ((flags & class_flag[c]) && br->table[c].load(std::memory_order_relaxed) != nullptr)

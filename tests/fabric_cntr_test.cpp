@@ -404,10 +404,10 @@ TEST_CASE("adapter counters bound to bridges: fi_cntr_read and fi_cntr_wait driv
   REQUIRE(bb);
   REQUIRE(compcntr_fi_bridge_bind(ba, compcntr_fi_cntr_comp_cntr(sent), FI_SEND) == 0);
   REQUIRE(compcntr_fi_bridge_bind(bb, compcntr_fi_cntr_comp_cntr(recvd), FI_RECV) == 0);
-  // A BYTES counter cannot count sends (their CQ len is undefined), receives it can.
+  // A BYTES counter cannot count sends (their CQ len is undefined), receives it can...
   CHECK(compcntr_fi_bridge_bind(ba, compcntr_fi_cntr_comp_cntr(rbytes), FI_SEND) == ENOTSUP);
-  CHECK(compcntr_fi_bridge_bind(ba, compcntr_fi_cntr_comp_cntr(rbytes), FI_REMOTE_WRITE) == 0);
-  // ...on B's bridge the receive class already has `recvd`: one counter per class per bridge.
+  CHECK(compcntr_fi_bridge_bind(ba, compcntr_fi_cntr_comp_cntr(rbytes), FI_RECV) == 0);
+  // ...but on B's bridge the receive class already has `recvd`: one counter per class per bridge.
   CHECK(compcntr_fi_bridge_bind(bb, compcntr_fi_cntr_comp_cntr(rbytes), FI_RECV) == EBUSY);
 
   // Nobody calls compcntr_fi_bridge_progress: the adapters' reads drive the CQs.

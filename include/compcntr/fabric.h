@@ -116,9 +116,9 @@ struct compcntr_fi_bridge *compcntr_fi_bridge_open_ex(struct fid_cq *cq,
  * unbind: closing the bridge ends its bindings. cc must stay alive until then (an adapter
  * counter's fi_close returns -FI_EBUSY meanwhile). Safe while other threads run progress.
  * Errors: EINVAL (NULL, flags == 0, a bit outside the six), EBUSY (a class of flags already has
- * a counter on this bridge: nothing is bound), ENOTSUP (a BYTES counter for FI_SEND, FI_READ,
- * FI_WRITE or FI_REMOTE_READ: libfabric defines an entry's len only for receives and remote
- * writes with CQ data, and providers report 0 for the others). */
+ * a counter on this bridge: nothing is bound), ENOTSUP (a BYTES counter for anything but
+ * FI_RECV: libfabric 1.17 defines a CQ entry's len for receives only, and providers differ on
+ * the others: tcp;ofi_rxm reports 0 for sends and remote writes with CQ data). */
 int compcntr_fi_bridge_bind(struct compcntr_fi_bridge *br, struct compcntr_comp_cntr *cc,
                             uint64_t flags);
 
