@@ -318,6 +318,7 @@ ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge* br) {
       } else if (n == -FI_EAVAIL) {
         const ssize_t r = read_error(br, t);
         if (r < 0) { error = r; break; }
+        if (r == 0) break;  // the error entry vanished: never spin on -FI_EAVAIL
         consumed += r;
         t.flush(br);
       } else {
@@ -346,9 +347,10 @@ ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge* br) {
       } else if (n == -FI_EAVAIL) {
         const ssize_t r = read_error(br, t);
         if (r < 0) { error = r; break; }
+        if (r == 0) break;  // the error entry vanished: never spin on -FI_EAVAIL
         consumed += r;
       } else {
-        if (n != -FI_EAGAIN) error = n < 0 ? n : -FI_EOTHER;
+        if (n < 0 && n != -FI_EAGAIN) error = n;  // 0: empty, as -FI_EAGAIN
         break;
       }
     }
