@@ -1,4 +1,5 @@
-// ./dev demo: what compcntr does, shown on the software device.
+// ./dev demo: what compcntr does, shown on the software device, then (built with libfabric) on
+// real libfabric loopback traffic (demo_fabric.cpp).
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -131,6 +132,10 @@ void loopback_traffic() {
 
 }  // namespace
 
+#if COMPCNTR_DEMO_FABRIC
+void fabric_demo();  // demo_fabric.cpp
+#endif
+
 int main() {
   std::error_code ec;
 
@@ -186,6 +191,9 @@ int main() {
   std::printf("  device still open: %s, live counters: %u\n", dev ? "yes" : "no", dev.live_counters());
 
   loopback_traffic();
+#if COMPCNTR_DEMO_FABRIC
+  fabric_demo();
+#endif
 
   section("clean up");
   wrs.reset();

@@ -144,6 +144,22 @@ TEST_CASE("create: flags, comp_mask and type are checked; refusals create nothin
   CHECK(compcntr_destroy_comp_cntr(b) == 0);
 }
 
+TEST_CASE("get_type reports the type the counter was created with") {
+  soft_device d;
+  compcntr_comp_cntr* w = create(d.dev, COMPCNTR_COMP_CNTR_TYPE_WRS);
+  compcntr_comp_cntr* b = create(d.dev, COMPCNTR_COMP_CNTR_TYPE_BYTES);
+  compcntr_comp_cntr_type t = COMPCNTR_COMP_CNTR_TYPE_BYTES;
+  CHECK(compcntr_comp_cntr_get_type(w, &t) == 0);
+  CHECK(t == COMPCNTR_COMP_CNTR_TYPE_WRS);
+  CHECK(compcntr_comp_cntr_get_type(b, &t) == 0);
+  CHECK(t == COMPCNTR_COMP_CNTR_TYPE_BYTES);
+  CHECK(compcntr_comp_cntr_get_type(nullptr, &t) == EINVAL);
+  CHECK(compcntr_comp_cntr_get_type(w, nullptr) == EINVAL);
+  CHECK(t == COMPCNTR_COMP_CNTR_TYPE_BYTES);
+  CHECK(compcntr_destroy_comp_cntr(w) == 0);
+  CHECK(compcntr_destroy_comp_cntr(b) == 0);
+}
+
 TEST_CASE("caps query") {
   soft_device d;
   compcntr_comp_cntr_caps caps{};

@@ -2,9 +2,12 @@
 # Installs the build into a temporary DESTDIR and builds two outside programs against it, the way
 # a user would: a C program with `pkg-config --cflags --libs compcntr`, and a C++ program that
 # precompiles its own BMIs from the installed module units (pkg-config variable modules_dir)
-# and does `import compcntr;`. Both must run and succeed.
+# and does `import compcntr;`. Both must run and succeed. With libfabric (5th argument "yes"),
+# also the libfabric integration: a C program built with `pkg-config --cflags --libs
+# compcntr-fabric` (examples/fabric_bridge.c, real traffic; exit 77 = no provider here) and a C++
+# program using <compcntr/fabric.hpp> with the outside BMIs.
 set -euo pipefail
-build=$1 src=$2 cxx=$3 cc=$4
+build=$1 src=$2 cxx=$3 cc=$4 fabric=${5:-no}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 dest=$tmp/root
@@ -42,4 +45,40 @@ done < "$mods/modules.list"
 "$cxx" "${flags[@]}" "${imports[@]}" $(pkg-config --cflags compcntr) "$src/examples/hello.cpp" \
   -o "$tmp/hello_cpp" $(pkg-config --libs compcntr)
 LD_LIBRARY_PATH=$libdir "$tmp/hello_cpp"
+
+if [ "$fabric" = yes ]; then
+  echo "== libfabric integration: pkg-config --cflags --libs compcntr-fabric"
+  [ -n "$(find "$dest" -name compcntr-fabric.pc)" ] || { echo "install: no compcntr-fabric.pc installed"; exit 1; }
+  for f in "$libdir/libcompcntr-fabric.so" "$libdir/libcompcntr-fabric.a"; do
+    [ -e "$f" ] || { echo "install: $f missing"; exit 1; }
+  done
+  for h in fabric.h fabric.hpp; do
+    [ -n "$(find "$dest" -path "*include/compcntr/$h")" ] || { echo "install: compcntr/$h missing"; exit 1; }
+  done
+  pkg-config --print-requires compcntr-fabric | grep -q '^compcntr' || { echo "install: compcntr-fabric.pc does not require compcntr"; exit 1; }
+  pkg-config --print-requires compcntr-fabric | grep -q '^libfabric' || { echo "install: compcntr-fabric.pc does not require libfabric"; exit 1; }
+  # shellcheck disable=SC2046
+  "$cc" -std=c11 -Wall -Werror $(pkg-config --cflags compcntr-fabric) "$src/examples/fabric_bridge.c" \
+    -o "$tmp/fabric_bridge" $(pkg-config --libs compcntr-fabric)
+  rc=0
+  LD_LIBRARY_PATH=$libdir "$tmp/fabric_bridge" || rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 77 ] || { echo "install: fabric_bridge exited $rc"; exit 1; }
+  cat > "$tmp/fabric_cpp.cpp" <<'CPP'
+#include <compcntr/fabric.hpp>
+#include <cstdio>
+int main() {
+  compcntr::wait_options o = compcntr::fabric::progress_options(nullptr);
+  // Refusals only: no provider is needed to check that the C++ half links and runs.
+  const bool ok = o.progress == compcntr_fi_bridge_progress_fn &&
+                  compcntr::fabric::bind(nullptr, compcntr::counter_ref{}, FI_SEND) == EINVAL &&
+                  compcntr_fi_bridge_open(nullptr) == nullptr;
+  std::printf("fabric.hpp: %s\n", ok ? "ok" : "FAILED");
+  return ok ? 0 : 1;
+}
+CPP
+  # shellcheck disable=SC2046
+  "$cxx" "${flags[@]}" "${imports[@]}" $(pkg-config --cflags compcntr-fabric) "$tmp/fabric_cpp.cpp" \
+    -o "$tmp/fabric_cpp" $(pkg-config --libs compcntr-fabric)
+  LD_LIBRARY_PATH=$libdir "$tmp/fabric_cpp"
+fi
 echo "install: OK"

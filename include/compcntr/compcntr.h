@@ -76,6 +76,8 @@ int compcntr_read_err_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t *value);
 /* The NUMA node (OS index) whose memory holds the counter's slot, or -EINVAL for a NULL cc.
  * Without the NUMA comp_mask bit, the node local to the CPU the creating thread ran on. */
 int compcntr_comp_cntr_numa_node(struct compcntr_comp_cntr *cc);
+/* *type = the type the counter was created with. EINVAL for a NULL cc or type. */
+int compcntr_comp_cntr_get_type(struct compcntr_comp_cntr *cc, enum compcntr_comp_cntr_type *type);
 
 #ifdef __cplusplus
 }

@@ -147,4 +147,11 @@ int compcntr_comp_cntr_numa_node(struct compcntr_comp_cntr* cc) {
   return impl(cc)->cxx.numa_node();
 }
 
+int compcntr_comp_cntr_get_type(struct compcntr_comp_cntr* cc, enum compcntr_comp_cntr_type* type) {
+  if (!cc) return null_arg("comp_cntr_get_type", "cc");
+  if (!type) return null_arg("comp_cntr_get_type", "type");
+  *type = static_cast<compcntr_comp_cntr_type>(impl(cc)->cxx.type());
+  return 0;
+}
+
 }  // extern "C"

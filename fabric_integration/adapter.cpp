@@ -1,0 +1,367 @@
+// The fi_cntr adapter: a real struct fid_cntr served by a compcntr counter (docs/fabric.md).
+//
+// libfabric's inline wrappers (fi_cntr_read, fi_cntr_add, ..., fi_control, fi_close) call through
+// the two ops tables below; each operation is one compcntr C call, plus driving the bridges the
+// counter is bound to where libfabric's own counters drive their endpoints (read, readerr, wait).
+//
+// Error mapping: compcntr's positive errno values become -FI_E* values of the same number
+// (FI_EINVAL == EINVAL, ...); a wait's EIO (error count changed) becomes -FI_EAVAIL and its
+// ETIMEDOUT -FI_ETIMEDOUT, as fi_cntr_wait(3) and libfabric's util counters return them.
+#include <compcntr/fabric.h>
+
+#include <rdma/fi_errno.h>
+#include <sched.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <new>
+#include <unordered_map>
+
+#include "internal.hpp"
+
+namespace compcntr_fabric {
+namespace {
+
+std::unordered_map<compcntr_comp_cntr*, adapter*>& registry() noexcept {
+  static std::unordered_map<compcntr_comp_cntr*, adapter*> r;
+  return r;
+}
+
+inline adapter* of(fid_cntr* c) noexcept { return reinterpret_cast<adapter*>(c); }
+inline adapter* of(fid* f) noexcept { return reinterpret_cast<adapter*>(f); }
+static_assert(offsetof(adapter, cntr) == 0, "fid_cntr must be the adapter's first member");
+
+// ---- fi_ops_cntr -----------------------------------------------------------------------------
+
+// read / readerr drive the bound bridges first (libfabric's counters run their endpoints'
+// progress in fi_cntr_read the same way); with none bound they are one relaxed load plus the
+// compcntr read (an acquire load).
+uint64_t cntr_read(fid_cntr* c) {
+  adapter* a = of(c);
+  if (a->sources_n.load(std::memory_order_relaxed) != 0) a->drive();
+  std::uint64_t v = 0;
+  compcntr_read_comp_cntr(a->cc, &v);
+  return v;
+}
+
+uint64_t cntr_readerr(fid_cntr* c) {
+  adapter* a = of(c);
+  if (a->sources_n.load(std::memory_order_relaxed) != 0) a->drive();
+  std::uint64_t v = 0;
+  compcntr_read_err_comp_cntr(a->cc, &v);
+  return v;
+}
+
+int cntr_add(fid_cntr* c, uint64_t value) { return -compcntr_inc_comp_cntr(of(c)->cc, value); }
+int cntr_set(fid_cntr* c, uint64_t value) { return -compcntr_set_comp_cntr(of(c)->cc, value); }
+int cntr_adderr(fid_cntr* c, uint64_t value) { return -compcntr_inc_err_comp_cntr(of(c)->cc, value); }
+int cntr_seterr(fid_cntr* c, uint64_t value) { return -compcntr_set_err_comp_cntr(of(c)->cc, value); }
+
+void drive_hook(void* ctx) noexcept { static_cast<adapter*>(ctx)->drive(); }
+void yield_hook(void* ctx) noexcept {
+  static_cast<adapter*>(ctx)->drive();
+  sched_yield();
+}
+
+int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
+  adapter* a = of(c);
+  compcntr_wait_attr wa{};
+  switch (a->wait_obj) {
+    case FI_WAIT_NONE:
+      // fi_cntr(3): waiting on an FI_WAIT_NONE counter is invalid; libfabric's util counters
+      // answer -FI_ENOSYS (fi_no_cntr_wait), so do we.
+      fail(ENOSYS, "fi_cntr_wait: the counter was opened with FI_WAIT_NONE");
+      return -FI_ENOSYS;
+    case FI_WAIT_YIELD:
+      // "wait without a wait object but instead yield on every wait": never sleep in the
+      // kernel; the hook (called before every check) yields the CPU.
+      wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
+      wa.spin_ns = COMPCNTR_WAIT_SPIN_FOREVER;
+      wa.progress = yield_hook;
+      wa.progress_ctx = a;
+      break;
+    default:
+      // A hook makes the waiter sleep in progress_interval slices, so only set it when there
+      // is something to drive.
+      if (a->sources_n.load(std::memory_order_relaxed) != 0) {
+        wa.progress = drive_hook;
+        wa.progress_ctx = a;
+      }
+      break;
+  }
+  const int r = compcntr_wait_comp_cntr_ex(a->cc, threshold, timeout, &wa);
+  switch (r) {
+    case 0: return 0;
+    case ETIMEDOUT: return -FI_ETIMEDOUT;
+    case EIO: return -FI_EAVAIL;
+    default: return -r;
+  }
+}
+
+fi_ops_cntr cntr_ops = {
+    .size = sizeof(fi_ops_cntr),
+    .read = cntr_read,
+    .readerr = cntr_readerr,
+    .add = cntr_add,
+    .set = cntr_set,
+    .wait = cntr_wait,
+    .adderr = cntr_adderr,
+    .seterr = cntr_seterr,
+};
+
+// ---- fi_ops (the fid) ------------------------------------------------------------------------
+
+int fid_close(fid* f) {
+  adapter* a = of(f);
+  {
+    std::lock_guard lk(registry_lock());
+    if (a->bindings != 0) {
+      fail(EBUSY, "fi_close: the counter is bound to %u CQ bridge binding(s); close the bridge(s) first",
+           a->bindings);
+      return -FI_EBUSY;
+    }
+    // EBUSY if the application attached the compcntr counter to a QP; nothing changes then.
+    if (const int err = compcntr_destroy_comp_cntr(a->cc)) {
+      fail(err, "fi_close: the compcntr counter cannot be destroyed: %s", compcntr_last_error_message());
+      return -err;
+    }
+    registry().erase(a->cc);
+  }
+  delete a;
+  return 0;
+}
+
+int fid_bind(fid*, fid*, uint64_t) {
+  fail(ENOSYS, "fi_bind: an adapter counter binds to nothing (bind its compcntr counter to a bridge)");
+  return -FI_ENOSYS;
+}
+
+int fid_control(fid* f, int command, void* arg) {
+  adapter* a = of(f);
+  switch (command) {
+    case FI_GETWAIT:
+      if (arg == nullptr) return -fail(EINVAL, "fi_control(FI_GETWAIT): arg is NULL");
+      if (a->wait_obj != FI_WAIT_FD) {
+        // As libfabric's util CQ without a wait object: nothing to hand out. FI_WAIT_UNSPEC's
+        // wait (a futex) is not a retrievable object, which fi_cntr(3) allows.
+        fail(ENODATA, "fi_control(FI_GETWAIT): the counter has no retrievable wait object "
+                      "(open it with FI_WAIT_FD)");
+        return -FI_ENODATA;
+      }
+      *static_cast<int*>(arg) = a->fd;
+      return 0;
+    case FI_GETWAITOBJ:
+      if (arg == nullptr) return -fail(EINVAL, "fi_control(FI_GETWAITOBJ): arg is NULL");
+      *static_cast<fi_wait_obj*>(arg) = a->wait_obj;
+      return 0;
+    default:
+      fail(ENOSYS, "fi_control: command %d is not supported on an adapter counter", command);
+      return -FI_ENOSYS;
+  }
+}
+
+int fid_ops_open(fid*, const char* name, uint64_t, void**, void*) {
+  fail(ENOSYS, "fi_open_ops(%s): an adapter counter has no extension ops", name ? name : "(null)");
+  return -FI_ENOSYS;
+}
+
+fi_ops fid_ops = {
+    .size = sizeof(fi_ops),
+    .close = fid_close,
+    .bind = fid_bind,
+    .control = fid_control,
+    .ops_open = fid_ops_open,
+    .tostr = nullptr,
+    .ops_set = nullptr,
+};
+
+/// The adapter behind `c`, or nullptr for NULL and for any counter not opened here. Reads only
+/// the struct fid_cntr header every fid_cntr has (fclass and the fid's ops pointer), never past it.
+adapter* adapter_of(fid_cntr* c) noexcept {
+  if (c == nullptr || c->fid.fclass != FI_CLASS_CNTR || c->fid.ops != &fid_ops) return nullptr;
+  return of(c);
+}
+
+int from_errno(int err) noexcept {
+  switch (err) {
+    case ENOTSUP: return -FI_EOPNOTSUPP;
+    case 0: return -FI_EOTHER;
+    default: return -err;
+  }
+}
+
+}  // namespace
+
+std::mutex& registry_lock() noexcept {
+  static std::mutex m;
+  return m;
+}
+
+adapter* find_adapter(compcntr_comp_cntr* cc) noexcept {
+  auto& r = registry();
+  auto it = r.find(cc);
+  return it == r.end() ? nullptr : it->second;
+}
+
+void adapter::drive() noexcept {
+  std::shared_lock lk(mu);
+  for (auto& s : sources) compcntr_fi_bridge_progress(s.first);
+}
+
+bool add_binding(adapter& a, compcntr_fi_bridge* br) noexcept {
+  std::unique_lock lk(a.mu);
+  for (auto& s : a.sources)
+    if (s.first == br) {
+      ++s.second;
+      ++a.bindings;
+      return true;
+    }
+  try {
+    a.sources.emplace_back(br, 1);
+  } catch (...) {
+    return false;
+  }
+  ++a.bindings;
+  a.sources_n.store(static_cast<std::uint32_t>(a.sources.size()), std::memory_order_relaxed);
+  return true;
+}
+
+void remove_binding(adapter& a, compcntr_fi_bridge* br) noexcept {
+  std::unique_lock lk(a.mu);
+  for (auto it = a.sources.begin(); it != a.sources.end(); ++it)
+    if (it->first == br) {
+      --a.bindings;
+      if (--it->second == 0) a.sources.erase(it);
+      break;
+    }
+  a.sources_n.store(static_cast<std::uint32_t>(a.sources.size()), std::memory_order_relaxed);
+}
+
+}  // namespace compcntr_fabric
+
+using namespace compcntr_fabric;
+
+extern "C" {
+
+int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr,
+                          struct fid_cntr** cntr, void* context) {
+  if (cntr == nullptr) return -fail(EINVAL, "compcntr_fi_cntr_open: cntr is NULL");
+  if (dev == nullptr) return -fail(EINVAL, "compcntr_fi_cntr_open: dev is NULL");
+  fi_cntr_attr defaults{};
+  defaults.events = FI_CNTR_EVENTS_COMP;
+  defaults.wait_obj = FI_WAIT_NONE;
+  const fi_cntr_attr& a = attr ? *attr : defaults;
+
+  if (a.flags != 0)  // fi_cntr(3): "reserved for future use, and must be set to 0"
+    return -fail(EINVAL, "compcntr_fi_cntr_open: attr->flags must be 0 (got 0x%llx)",
+                 static_cast<unsigned long long>(a.flags));
+  compcntr_comp_cntr_init_attr ia{};
+  const int events = raw_enum(a.events), wait_obj = raw_enum(a.wait_obj);
+  if (events == FI_CNTR_EVENTS_COMP) {
+    ia.type = COMPCNTR_COMP_CNTR_TYPE_WRS;
+  } else if (events == static_cast<int>(COMPCNTR_FI_CNTR_EVENTS_BYTES)) {
+    ia.type = COMPCNTR_COMP_CNTR_TYPE_BYTES;
+  } else {
+    return -fail(EINVAL, "compcntr_fi_cntr_open: unknown attr->events %d (FI_CNTR_EVENTS_COMP or "
+                         "COMPCNTR_FI_CNTR_EVENTS_BYTES)", events);
+  }
+  switch (wait_obj) {
+    case FI_WAIT_NONE:
+    case FI_WAIT_UNSPEC:
+    case FI_WAIT_YIELD:
+    case FI_WAIT_FD:
+      break;
+    case FI_WAIT_SET:
+      if (a.wait_set == nullptr)  // as libfabric's util counters
+        return -fail(EINVAL, "compcntr_fi_cntr_open: FI_WAIT_SET without attr->wait_set");
+      return -fail(EOPNOTSUPP, "compcntr_fi_cntr_open: FI_WAIT_SET is not supported (a wait set is "
+                               "a provider's object; use FI_WAIT_FD and epoll)");
+    case FI_WAIT_MUTEX_COND:
+    case FI_WAIT_POLLFD:
+      return -fail(EOPNOTSUPP, "compcntr_fi_cntr_open: wait object %d is not supported (FI_WAIT_NONE, "
+                               "FI_WAIT_UNSPEC, FI_WAIT_YIELD or FI_WAIT_FD)", wait_obj);
+    default:
+      return -fail(EINVAL, "compcntr_fi_cntr_open: unknown wait object %d", wait_obj);
+  }
+
+  compcntr_comp_cntr* cc = compcntr_create_comp_cntr(dev, &ia);
+  if (cc == nullptr) {
+    const int err = errno;
+    fail(err, "compcntr_fi_cntr_open: %s", compcntr_last_error_message());
+    return from_errno(err);
+  }
+  int fd = -1;
+  if (wait_obj == FI_WAIT_FD) {
+    if (const int err = compcntr_comp_cntr_get_fd(cc, &fd)) {
+      fail(err, "compcntr_fi_cntr_open: no fd for FI_WAIT_FD: %s", compcntr_last_error_message());
+      compcntr_destroy_comp_cntr(cc);
+      return from_errno(err);
+    }
+  }
+  auto* ad = new (std::nothrow) adapter;
+  if (ad == nullptr) {
+    compcntr_destroy_comp_cntr(cc);
+    return -fail(ENOMEM, "compcntr_fi_cntr_open: out of memory");
+  }
+  ad->cc = cc;
+  ad->wait_obj = static_cast<fi_wait_obj>(wait_obj);  // one of the four checked above
+  ad->fd = fd;
+  ad->cntr.fid.fclass = FI_CLASS_CNTR;
+  ad->cntr.fid.context = context;
+  ad->cntr.fid.ops = &fid_ops;
+  ad->cntr.ops = &cntr_ops;
+  try {
+    std::lock_guard lk(registry_lock());
+    registry().emplace(cc, ad);
+  } catch (...) {
+    delete ad;
+    compcntr_destroy_comp_cntr(cc);
+    return -fail(ENOMEM, "compcntr_fi_cntr_open: out of memory");
+  }
+  *cntr = &ad->cntr;
+  return 0;
+}
+
+struct compcntr_comp_cntr* compcntr_fi_cntr_comp_cntr(struct fid_cntr* cntr) {
+  adapter* a = adapter_of(cntr);
+  if (a == nullptr) {
+    fail(EINVAL, cntr ? "compcntr_fi_cntr_comp_cntr: not a counter opened by compcntr_fi_cntr_open"
+                      : "compcntr_fi_cntr_comp_cntr: cntr is NULL");
+    errno = EINVAL;
+    return nullptr;
+  }
+  return a->cc;
+}
+
+int compcntr_fi_trywait(struct fid** fids, int count) {
+  if (fids == nullptr) return -fail(EINVAL, "compcntr_fi_trywait: fids is NULL");
+  if (count <= 0) return -fail(EINVAL, "compcntr_fi_trywait: count must be > 0 (got %d)", count);
+  // Check every fid first: a refused call arms nothing.
+  for (int i = 0; i < count; ++i) {
+    if (fids[i] == nullptr) return -fail(EINVAL, "compcntr_fi_trywait: fids[%d] is NULL", i);
+    adapter* a = adapter_of(reinterpret_cast<fid_cntr*>(fids[i]));
+    if (a == nullptr)
+      return -fail(EINVAL, "compcntr_fi_trywait: fids[%d] is not a counter opened by compcntr_fi_cntr_open", i);
+    if (a->wait_obj != FI_WAIT_FD)
+      return -fail(EINVAL, "compcntr_fi_trywait: fids[%d] was not opened with FI_WAIT_FD", i);
+  }
+  int ret = 0;
+  for (int i = 0; i < count; ++i) {
+    adapter* a = of(fids[i]);
+    if (a->sources_n.load(std::memory_order_relaxed) != 0) a->drive();
+    // Arm first, then read: an update after the arm makes the fd readable; one before it is in
+    // the values read here (compcntr's arm is a seq_cst RMW + fence, the reads acquire loads).
+    if (const int err = compcntr_comp_cntr_arm_fd(a->cc))
+      return -fail(err, "compcntr_fi_trywait: %s", compcntr_last_error_message());
+    std::uint64_t v = 0, e = 0;
+    compcntr_read_comp_cntr(a->cc, &v);
+    compcntr_read_err_comp_cntr(a->cc, &e);
+    const bool changed = a->seen_value.exchange(v, std::memory_order_relaxed) != v;
+    const bool err_changed = a->seen_errors.exchange(e, std::memory_order_relaxed) != e;
+    if (changed || err_changed) ret = -FI_EAGAIN;
+  }
+  if (ret) fail(EAGAIN, "compcntr_fi_trywait: a counter changed since the last trywait: read it first");
+  return ret;
+}
+
+}  // extern "C"
