@@ -86,5 +86,6 @@ int compcntr_comp_cntr_numa_node(struct compcntr_comp_cntr *cc);
 #include <compcntr/verbs.h>
 #include <compcntr/wait.h>
 #include <compcntr/cmd_comp.h>
+#include <compcntr/credits.h>
 
 #endif /* COMPCNTR_COMPCNTR_H */
