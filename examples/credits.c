@@ -97,7 +97,8 @@ int main(void)
 		char *buf = pp->sbuf[pp->sent % CREDITS];
 		buf[0] = (char)(i & 0x7f);
 		expect[p] += (unsigned char)buf[0];
-		CHECK(compcntr_post_send(pp->tx, i, buf, LEN, pp->smr->lkey)); /* its completion returns the credit */
+		/* its completion returns the credit */
+		CHECK(compcntr_post_send(pp->tx, i, buf, LEN, pp->smr->lkey));
 		pp->sent++;
 		uint64_t completed;
 		CHECK(compcntr_read_comp_cntr(compcntr_credits_counter(cr, p), &completed));

@@ -30,15 +30,17 @@
 // but completions of credited operations and release() may change them (no set(), no add()).
 // The tracker outlives every call on it. Any number of threads may acquire, release, flush and
 // complete for the same peer at once.
-// Guarantees: no over-subscription: outstanding(p) <= credits_per_peer at every successful CAS
-// on issued, whatever the races (acquirers, completions, releases). acquire never takes credits
-// it does not return success for; a refused call (any error) changes nothing.
+// Guarantees: no over-subscription, whatever the races (acquirers, completions, releases): the
+// acquire that brings issued(p) to I returns only after I - credits_per_peer completions or
+// releases of p that happened-before it. acquire never takes credits it does not return
+// success for; a refused call (any error) changes nothing.
 //
 // Wrap-around: every difference is taken modulo max_value + 1 of the device (2^64 on the
 // software device), so issued and completed may wrap freely: outstanding stays exact while it
 // is below half that range (credits_per_peer is limited to a quarter of it). A waiter whose
-// threshold would wrap past max_value (compcntr::wait compares with plain >=) polls in 1 ms
-// slices until the counter itself wraps: once per 2^64 completions on the software device.
+// threshold lies past max_value (compcntr::wait compares with plain >=, so it cannot wait for
+// it) polls instead (progress, back off, then 1 ms sleeps) until the counter wraps: for at most
+// credits_per_peer completions once per 2^64 on the software device.
 //
 // Memory ordering:
 //   * acquire success: the counter is read with acquire loads before the CAS on issued, so
@@ -53,7 +55,7 @@
 //     one peer, so two releases can never both pass the "outstanding >= n" check; the counter
 //     add inside is a seq_cst RMW (it wakes sleeping acquirers, compcntr:slot). Acquirers,
 //     completions and flushes never take this lock.
-//   * flush success: acquire (it is a compcntr::wait_since).
+//   * flush success: acquire (acquire loads of the counter, or compcntr::wait_since).
 //
 // Example (the MPICH pattern; see examples/credits.c for the C version over loopback QPs):
 //     std::error_code ec;

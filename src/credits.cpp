@@ -116,7 +116,8 @@ std::uint64_t detail::check_credit_shape(const char* call, const device& dev, st
 credit_tracker credit_tracker::create(device& dev, std::uint32_t npeers,
                                       std::uint64_t credits_per_peer,
                                       std::error_code& ec) noexcept {
-  const std::uint64_t mask = detail::check_credit_shape("credits_create", dev, npeers, credits_per_peer, ec);
+  const std::uint64_t mask =
+      detail::check_credit_shape("credits_create", dev, npeers, credits_per_peer, ec);
   if (mask == 0) return {};
   const counter_caps caps = dev.caps();
   if (npeers > caps.max_counters - std::min(caps.max_counters, dev.live_counters())) {
@@ -186,7 +187,8 @@ std::errc credit_tracker::bad_request(const char* call, std::uint32_t peer,
   using detail::fail;
   if (npeers_ == 0) return std::errc(fail(EINVAL, "%s: the credit tracker is empty", call).value());
   if (peer >= npeers_)
-    return std::errc(fail(EINVAL, "%s: peer %u out of range (%u peers)", call, peer, npeers_).value());
+    return std::errc(
+        fail(EINVAL, "%s: peer %u out of range (%u peers)", call, peer, npeers_).value());
   if (n == 0) return std::errc(fail(EINVAL, "%s: n must be > 0", call).value());
   return std::errc(fail(EINVAL, "%s: n = %llu is more than credits_per_peer (%llu): it could never "
                         "be satisfied", call, static_cast<unsigned long long>(n),
@@ -203,18 +205,22 @@ std::errc credit_tracker::acquire_slow(std::uint32_t peer, std::uint64_t n,
   const std::uint64_t err0 = r.errors;
   budget b(timeout_ms);
   backoff wrap_backoff;
+  bool errors_changed = false;
   for (bool last = false;;) {
     if (r.result == detail::credit_check::taken) return std::errc{};
     if (r.result == detail::credit_check::inconsistent)
       return inconsistent("acquire", peer, (r.value + r.errors + r.outstanding) & mask_,
                           (r.value + r.errors) & mask_);
-    if (r.errors != err0) return std::errc::io_error;  // not admitted at this check
+    // Not admitted at this check: an error change seen since the call began is reported
+    // (by this check, or by the wait's, even if set_error() restored the count since).
+    if (errors_changed || r.errors != err0) return std::errc::io_error;
     if (last) return std::errc::timed_out;
     // n more credits are free once `need` more operations completed, errors staying err0.
     const std::uint64_t need = r.outstanding + n - credits_;  // >= 1, no overflow
-    if (wait_for_more(*p.c, r.value, need, err0, mask_, b, wrap_backoff, opts, last) ==
-        std::errc::invalid_argument)
-      return std::errc::invalid_argument;  // an empty counter (misuse)
+    const std::errc w =
+        wait_for_more(*p.c, r.value, need, err0, mask_, b, wrap_backoff, opts, last);
+    if (w == std::errc::invalid_argument) return w;  // an empty counter (misuse)
+    errors_changed = w == std::errc::io_error;
     r = try_take(p, n);
   }
 }
@@ -266,16 +272,17 @@ std::errc credit_tracker::flush(std::uint32_t peer, std::chrono::milliseconds ti
   const std::uint64_t err0 = e;
   budget b(timeout.count());
   backoff wrap_backoff;
+  bool errors_changed = false;
   for (bool last = false;;) {
     // Operations still to complete, counted from the target; "negative" (above half the range)
     // means completed went past it (operations issued after the call completed too).
     const std::uint64_t rem = (target - v - e) & mask_;
     if (rem == 0 || rem > (mask_ >> 1)) return std::errc{};
-    if (e != err0) return std::errc::io_error;
+    if (errors_changed || e != err0) return std::errc::io_error;
     if (last) return std::errc::timed_out;
-    if (wait_for_more(*p.c, v, rem, err0, mask_, b, wrap_backoff, opts, last) ==
-        std::errc::invalid_argument)
-      return std::errc::invalid_argument;
+    const std::errc w = wait_for_more(*p.c, v, rem, err0, mask_, b, wrap_backoff, opts, last);
+    if (w == std::errc::invalid_argument) return w;
+    errors_changed = w == std::errc::io_error;
     v = p.c->value();
     e = p.c->errors();
   }

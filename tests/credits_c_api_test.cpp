@@ -261,7 +261,7 @@ TEST_CASE("C credits: EIO when a waiting acquire sees errors that do not admit i
 TEST_CASE("C credits: two peers, two acquirers each, one completer: exact totals") {
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-  constexpr int rounds = 1000;
+  constexpr int rounds = 3000;
 #else
   constexpr int rounds = 10000;
 #endif
@@ -270,7 +270,8 @@ TEST_CASE("C credits: two peers, two acquirers each, one completer: exact totals
 #endif
   constexpr uint64_t K = 3;
   fixture f(2, K);
-  compcntr_comp_cntr* cc[2] = {compcntr_credits_counter(f.cr, 0), compcntr_credits_counter(f.cr, 1)};
+  compcntr_comp_cntr* cc[2] = {compcntr_credits_counter(f.cr, 0),
+                               compcntr_credits_counter(f.cr, 1)};
   std::atomic<int64_t> inflight[2] = {0, 0};
   std::atomic<int64_t> pending[2] = {0, 0};
   std::atomic<int> violations{0}, bad{0}, finished{0};

@@ -37,7 +37,8 @@ compcntr::device open_soft() {
   return dev;
 }
 
-compcntr::counter make(compcntr::device& dev, compcntr::counter_type t = compcntr::counter_type::wrs) {
+compcntr::counter make(compcntr::device& dev,
+                       compcntr::counter_type t = compcntr::counter_type::wrs) {
   std::error_code ec;
   auto c = dev.create_counter(t, ec);
   REQUIRE_FALSE(ec);
@@ -221,7 +222,8 @@ TEST_CASE("credits: several sleeping acquirers, completions admit exactly as man
   REQUIRE(tr.acquire(0, 3, 0ms) == errc{});
   std::vector<std::unique_ptr<waiter>> ws;
   for (int i = 0; i < 3; ++i)
-    ws.push_back(std::make_unique<waiter>([&] { return tr.acquire(0, 1, compcntr::wait_forever); }));
+    ws.push_back(
+        std::make_unique<waiter>([&] { return tr.acquire(0, 1, compcntr::wait_forever); }));
   for (auto& w : ws) REQUIRE(w->blocked());
   a.c[0].add(2);  // two credits: two of three waiters get in, the third keeps waiting
   auto admitted = [&] {
@@ -476,7 +478,7 @@ TEST_CASE("credits: stress: acquirers, a completer and releasers on one peer nev
           "credits_per_peer in flight") {
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-  constexpr int rounds = 1000;
+  constexpr int rounds = 4000;
 #else
   constexpr int rounds = 20000;
 #endif
@@ -526,7 +528,8 @@ TEST_CASE("credits: stress: acquirers, a completer and releasers on one peer nev
         const std::int64_t now = inflight.fetch_add(static_cast<std::int64_t>(n)) +
                                  static_cast<std::int64_t>(n);
         if (now > static_cast<std::int64_t>(K)) ++violations;
-        for (std::int64_t m = max_seen.load(); now > m && !max_seen.compare_exchange_weak(m, now);) {
+        std::int64_t m = max_seen.load();
+        while (now > m && !max_seen.compare_exchange_weak(m, now)) {
         }
         if (i % 5 == 4) {                      // cancelled before posting: give the credits back
           inflight.fetch_sub(static_cast<std::int64_t>(n));

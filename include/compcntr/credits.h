@@ -35,7 +35,8 @@ struct compcntr_credits *compcntr_credits_create(struct compcntr_device *dev, ui
  * changed during the call and did not free enough credits. EOVERFLOW: the peer's counts are
  * inconsistent (completed > issued: its counter was set, or counted completions that took no
  * credit). Only a 0 return takes credits. */
-int compcntr_credits_acquire(struct compcntr_credits *cr, uint32_t peer, uint64_t n, int timeout_ms);
+int compcntr_credits_acquire(struct compcntr_credits *cr, uint32_t peer, uint64_t n,
+                             int timeout_ms);
 /* compcntr_credits_acquire with wait options (attr NULL: defaults), e.g. a progress hook that
  * drives the runtime's network progress while it waits for credits. EINVAL also for bad attr
  * fields (as compcntr_wait_comp_cntr_ex). */

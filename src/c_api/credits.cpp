@@ -26,7 +26,7 @@ using namespace compcntr::c_api;
 using compcntr::detail::fail;
 
 struct compcntr_credits {
-  compcntr::credit_tracker cxx;  // declared first: destroyed after nothing, reset explicitly
+  compcntr::credit_tracker cxx;  // emptied first by the destructor: it stops using the counters
   std::uint32_t npeers = 0;
   std::unique_ptr<c_counter*[]> counters;        // owned, one per peer
   std::unique_ptr<compcntr::counter_ref[]> pins;  // keep destroy_comp_cntr EBUSY
@@ -81,31 +81,38 @@ struct compcntr_credits* compcntr_credits_create(struct compcntr_device* dev, ui
                                            ec) == 0)
     return fail_null<compcntr_credits>(ec);
   const compcntr::counter_caps caps = dev->dev.caps();
-  const std::uint32_t room = caps.max_counters - std::min(caps.max_counters, dev->dev.live_counters());
+  const std::uint32_t room =
+      caps.max_counters - std::min(caps.max_counters, dev->dev.live_counters());
   if (npeers > room)
     return fail_null<compcntr_credits>(fail(ENOMEM, "credits_create: %u peers need %u counters, "
-                                            "the device has room for %u more", npeers, npeers, room));
+                                            "the device has room for %u more", npeers, npeers,
+                                            room));
   cr->counters.reset(new (std::nothrow) c_counter*[npeers]());
   cr->pins.reset(new (std::nothrow) compcntr::counter_ref[npeers]);
   std::unique_ptr<compcntr::counter*[]> cxx(new (std::nothrow) compcntr::counter*[npeers]);
   if (!cr->counters || !cr->pins || !cxx)
     return fail_null<compcntr_credits>(
         fail(ENOMEM, "credits_create: out of memory for %u peers", npeers));
-  cr->npeers = npeers;  // the destructor cleans up whatever exists from here on
+  cr->npeers = npeers;  // from here on the destructor cleans up whatever exists
+  // Undoes everything before setting errno (a destructor must not clobber it).
+  auto undo = [&](std::error_code e) {
+    cr.reset();
+    return fail_null<compcntr_credits>(e);
+  };
   for (std::uint32_t i = 0; i < npeers; ++i) {
     auto* c = new (std::nothrow) c_counter{};
-    if (!c) return fail_null<compcntr_credits>(fail(ENOMEM, "credits_create: out of memory"));
+    if (!c) return undo(fail(ENOMEM, "credits_create: out of memory"));
     cr->counters[i] = c;
     c->cxx = dev->dev.create_counter(compcntr::counter_type::wrs, ec);
-    if (ec) return fail_null<compcntr_credits>(ec);
+    if (ec) return undo(ec);
     c->pub.context = dev;
     c->pub.handle = c->cxx.index();
     cr->pins[i] = dev->dev.resolve(c->cxx.handle(), ec);
-    if (ec) return fail_null<compcntr_credits>(ec);
+    if (ec) return undo(ec);
     cxx[i] = &c->cxx;
   }
   cr->cxx = compcntr::credit_tracker::adopt(dev->dev, {cxx.get(), npeers}, credits_per_peer, ec);
-  if (ec) return fail_null<compcntr_credits>(ec);
+  if (ec) return undo(ec);
   return cr.release();
 }
 
@@ -133,7 +140,8 @@ int compcntr_credits_flush_ex(struct compcntr_credits* cr, uint32_t peer, int ti
   return flush_impl("credits_flush_ex", cr, peer, timeout_ms, attr);
 }
 
-int compcntr_credits_outstanding(struct compcntr_credits* cr, uint32_t peer, uint64_t* outstanding) {
+int compcntr_credits_outstanding(struct compcntr_credits* cr, uint32_t peer,
+                                 uint64_t* outstanding) {
   if (!cr) return bad_cr("credits_outstanding");
   if (!outstanding) return null_arg("credits_outstanding", "outstanding");
   return static_cast<int>(cr->cxx.outstanding(peer, *outstanding));
