@@ -478,7 +478,7 @@ TEST_CASE("credits: stress: acquirers, a completer and releasers on one peer nev
           "credits_per_peer in flight") {
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-  constexpr int rounds = 4000;
+  constexpr int rounds = 10000;
 #else
   constexpr int rounds = 20000;
 #endif
