@@ -10,7 +10,8 @@
 // ordering), pool (where slots live), backend (device interface), counter, counter_ref
 // (handles), mr (registered memory), qp (queue pairs, attach), device, wait (wait, poll_any,
 // pollable fds), cmd_comp (asynchronous command completion), refresher (mirrors of
-// device-held counters). See docs/architecture.md.
+// device-held counters), credits (per-peer credit tracking for MPI runtimes). See
+// docs/architecture.md.
 export module compcntr;
 export import :cache_padded;
 export import :error;
@@ -27,3 +28,4 @@ export import :device;
 export import :wait;
 export import :cmd_comp;
 export import :refresher;
+export import :credits;

@@ -146,6 +146,9 @@ struct poll_link {
 /// Slow path of compcntr::wait (src/wait/wait.cpp).
 std::errc wait_slow(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
                     const wait_options& opts) noexcept;
+/// Slow path of compcntr::wait_since: as wait_slow, with the error baseline given.
+std::errc wait_slow_since(slot& s, std::uint64_t threshold, std::uint64_t errors_seen,
+                          std::int64_t timeout_ms, const wait_options& opts) noexcept;
 /// compcntr::poll_any over any list of slots (src/wait/poll.cpp).
 poll_result poll_slots(const slot_list& slots, const std::uint64_t* thresholds,
                        std::int64_t timeout_ms, const wait_options& opts) noexcept;
@@ -183,6 +186,22 @@ inline std::errc wait(const counter& c, std::uint64_t threshold, std::chrono::mi
   // set(), so a stale hardware mirror that already shows the threshold is right too).
   if (s->load_value() >= threshold) return std::errc{};
   return detail::wait_slow(*s, threshold, timeout.count(), opts);
+}
+
+/// wait() against an error count the caller already read: io_error as soon as a check sees the
+/// error count differ from `errors_seen` (the first check included), instead of "changed since
+/// this call began". A caller that reads the counter, decides what to wait for, and then waits
+/// (a loop over wait(), a credit tracker) has a window between its read and wait()'s own sample
+/// in which an error change would go unseen; passing the count it read closes that window.
+/// Otherwise as wait(): reaching the threshold wins over an error change seen at the same check,
+/// an already-reached threshold costs one acquire load. Memory ordering: as wait().
+inline std::errc wait_since(const counter& c, std::uint64_t threshold, std::uint64_t errors_seen,
+                            std::chrono::milliseconds timeout,
+                            const wait_options& opts = {}) noexcept {
+  detail::slot* s = c.native_slot();
+  if (s == nullptr) [[unlikely]] return detail::wait_on_empty();
+  if (s->load_value() >= threshold) return std::errc{};
+  return detail::wait_slow_since(*s, threshold, errors_seen, timeout.count(), opts);
 }
 
 /// wait() with default options (5 us hot poll, back off, then sleep; no progress hook).

@@ -126,6 +126,31 @@ TEST_CASE("wait: errors before the wait do not count, errors during it are EIO")
   CHECK(result.load() == static_cast<int>(std::errc::io_error));
 }
 
+TEST_CASE("wait_since: errors compared with the caller's count, from the first check on") {
+  auto dev = open_soft();
+  auto c = make(dev);
+  const std::uint64_t seen = c.errors();
+  c.add_error(1);  // after the caller's read, before its wait: wait() cannot see this change
+  CHECK(compcntr::wait(c, 1, 0ms) == std::errc::timed_out);
+  CHECK(compcntr::wait_since(c, 1, seen, 0ms) == std::errc::io_error);
+  CHECK(compcntr::wait_since(c, 1, seen, 30s) == std::errc::io_error);  // no sleep
+  CHECK(compcntr::wait_since(c, 1, c.errors(), 0ms) == std::errc::timed_out);
+  c.add(1);
+  CHECK(compcntr::wait_since(c, 1, seen, 0ms) == std::errc{});  // the threshold wins
+  compcntr::counter empty;
+  CHECK(compcntr::wait_since(empty, 1, 0, 0ms) == std::errc::invalid_argument);
+
+  // Asleep, then woken by an error change.
+  std::atomic<int> result{-1};
+  std::thread waiter([&] {
+    result = static_cast<int>(compcntr::wait_since(c, 100, c.errors(), 30s, with_spin(0ns)));
+  });
+  REQUIRE(eventually([&] { return sleepers(c) == 1; }));
+  c.add_error(1);
+  waiter.join();
+  CHECK(result.load() == static_cast<int>(std::errc::io_error));
+}
+
 TEST_CASE("wait: woken by another thread's increments, in every mode") {
   auto dev = open_soft();
   auto c = make_counter(dev);

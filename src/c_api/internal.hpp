@@ -4,6 +4,8 @@
 #define COMPCNTR_SRC_C_API_INTERNAL_HPP
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -38,6 +40,33 @@ namespace compcntr::c_api {
 /// EINVAL with the message "<call>: <what> is NULL".
 inline int null_arg(const char* call, const char* what) noexcept {
   return compcntr::detail::fail(EINVAL, "%s: %s is NULL", call, what).value();
+}
+
+/// struct compcntr_wait_attr (NULL: defaults) -> wait_options; 0 or EINVAL with a message
+/// naming `call` and the field. Shared by the wait and credit C calls.
+inline int wait_attr_options(const char* call, const compcntr_wait_attr* attr,
+                             compcntr::wait_options& o) noexcept {
+  using compcntr::detail::fail;
+  constexpr std::uint32_t known = COMPCNTR_WAIT_ATTR_SPIN | COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL;
+  if (attr == nullptr) return 0;
+  if ((attr->comp_mask & ~known) != 0)
+    return fail(EINVAL, "%s: unknown comp_mask bit(s) 0x%x in the wait attributes", call,
+                attr->comp_mask & ~known).value();
+  if ((attr->comp_mask & COMPCNTR_WAIT_ATTR_SPIN) != 0) {
+    if (attr->spin_ns < 0)
+      return fail(EINVAL, "%s: spin_ns must be >= 0 (got %lld)", call,
+                  static_cast<long long>(attr->spin_ns)).value();
+    o.spin = attr->spin_ns == COMPCNTR_WAIT_SPIN_FOREVER ? compcntr::spin_forever
+                                                         : std::chrono::nanoseconds(attr->spin_ns);
+  }
+  if ((attr->comp_mask & COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL) != 0) {
+    if (attr->progress_interval_us == 0)
+      return fail(EINVAL, "%s: progress_interval_us must be > 0", call).value();
+    o.progress_interval = std::chrono::microseconds(attr->progress_interval_us);
+  }
+  o.progress = attr->progress;
+  o.progress_ctx = attr->progress_ctx;
+  return 0;
 }
 
 /// For constructors: sets errno from `ec` and returns NULL.

@@ -15,38 +15,11 @@ using namespace compcntr::c_api;
 
 namespace {
 
-constexpr std::uint32_t known_wait_attr_bits =
-    COMPCNTR_WAIT_ATTR_SPIN | COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL;
-
-// attr -> options; 0 or EINVAL (with a message naming `call` and the field).
-int to_options(const char* call, const compcntr_wait_attr* attr, compcntr::wait_options& o) noexcept {
-  using compcntr::detail::fail;
-  if (attr == nullptr) return 0;
-  if ((attr->comp_mask & ~known_wait_attr_bits) != 0)
-    return fail(EINVAL, "%s: unknown comp_mask bit(s) 0x%x in the wait attributes", call,
-                attr->comp_mask & ~known_wait_attr_bits).value();
-  if ((attr->comp_mask & COMPCNTR_WAIT_ATTR_SPIN) != 0) {
-    if (attr->spin_ns < 0)
-      return fail(EINVAL, "%s: spin_ns must be >= 0 (got %lld)", call,
-                  static_cast<long long>(attr->spin_ns)).value();
-    o.spin = attr->spin_ns == COMPCNTR_WAIT_SPIN_FOREVER ? compcntr::spin_forever
-                                                         : std::chrono::nanoseconds(attr->spin_ns);
-  }
-  if ((attr->comp_mask & COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL) != 0) {
-    if (attr->progress_interval_us == 0)
-      return fail(EINVAL, "%s: progress_interval_us must be > 0", call).value();
-    o.progress_interval = std::chrono::microseconds(attr->progress_interval_us);
-  }
-  o.progress = attr->progress;
-  o.progress_ctx = attr->progress_ctx;
-  return 0;
-}
-
 int wait_impl(const char* call, compcntr_comp_cntr* cc, std::uint64_t threshold, int timeout_ms,
               const compcntr_wait_attr* attr) noexcept {
   if (!cc) return null_arg(call, "cc");
   compcntr::wait_options o;
-  if (const int err = to_options(call, attr, o)) return err;
+  if (const int err = wait_attr_options(call, attr, o)) return err;
   return static_cast<int>(
       compcntr::wait(impl(cc)->cxx, threshold, std::chrono::milliseconds(timeout_ms), o));
 }
@@ -57,7 +30,7 @@ int poll_impl(const char* call, compcntr_comp_cntr* const* ccs, const std::uint6
   if (!thresholds) return null_arg(call, "thresholds");
   if (!which) return null_arg(call, "which");
   compcntr::wait_options o;
-  if (const int err = to_options(call, attr, o)) return err;
+  if (const int err = wait_attr_options(call, attr, o)) return err;
   const compcntr::detail::slot_list list{
       ccs, n, [](const void* base, std::size_t i) noexcept -> compcntr::detail::slot* {
         compcntr_comp_cntr* cc = static_cast<compcntr_comp_cntr* const*>(base)[i];

@@ -144,9 +144,14 @@ std::errc wait_on_empty() noexcept {
 
 std::errc wait_slow(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
                     const wait_options& o) noexcept {
+  if (s.hw != nullptr && s.hw->refresh != nullptr)
+    s.hw->refresh(s);  // so a stale mirror's catch-up does not count as "during the wait"
+  return wait_slow_since(s, threshold, s.errors.load(std::memory_order_seq_cst), timeout_ms, o);
+}
+
+std::errc wait_slow_since(slot& s, std::uint64_t threshold, std::uint64_t err0,
+                          std::int64_t timeout_ms, const wait_options& o) noexcept {
   void (*const refresh)(slot&) noexcept = s.hw != nullptr ? s.hw->refresh : nullptr;
-  if (refresh) refresh(s);  // so a stale mirror's catch-up does not count as "during the wait"
-  const std::uint64_t err0 = s.errors.load(std::memory_order_seq_cst);
 
   auto test = [&]() noexcept -> outcome {
     if (s.value.load(std::memory_order_seq_cst) >= threshold) return {true, std::errc{}, 0};

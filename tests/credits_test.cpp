@@ -1,0 +1,578 @@
+// compcntr::credit_tracker (import compcntr;): admission arithmetic, blocking and wake-ups,
+// timeouts, error semantics, release rules, inconsistent counts, wrap-around, flush, progress
+// hooks, QP-returned credits, bad input, and a multi-threaded stress run that checks with an
+// independent in-flight count that no more than credits_per_peer are ever outstanding.
+// The C API is tested in credits_c_api_test.cpp.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <sys/syscall.h>
+#include <system_error>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "blocked.hpp"
+#include "wait_util.hpp"
+
+import compcntr;
+
+using namespace std::chrono_literals;
+using compcntr::credit_tracker;
+using std::errc;
+
+namespace {
+
+std::string msg() { return std::string(compcntr::last_error_message()); }
+pid_t this_tid() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
+compcntr::device open_soft() {
+  std::error_code ec;
+  auto dev = compcntr::device::open("soft", ec);
+  REQUIRE_FALSE(ec);
+  return dev;
+}
+
+compcntr::counter make(compcntr::device& dev,
+                       compcntr::counter_type t = compcntr::counter_type::wrs) {
+  std::error_code ec;
+  auto c = dev.create_counter(t, ec);
+  REQUIRE_FALSE(ec);
+  return c;
+}
+
+// A tracker over counters the test owns (so it can complete operations with add/add_error).
+struct adopted {
+  compcntr::device dev = open_soft();
+  std::vector<compcntr::counter> c;
+  credit_tracker tr;
+  adopted(std::uint32_t npeers, std::uint64_t credits) {
+    std::vector<compcntr::counter*> p;
+    for (std::uint32_t i = 0; i < npeers; ++i) c.push_back(make(dev));
+    for (auto& x : c) p.push_back(&x);
+    std::error_code ec;
+    tr = credit_tracker::adopt(dev, p, credits, ec);
+    REQUIRE_FALSE(ec);
+    REQUIRE(tr);
+  }
+};
+
+compcntr::wait_options sleep_at_once() { return compcntr::wait_options{.spin = 0ns}; }
+
+// Runs `f` in a thread that records its tid first; join() returns f's result.
+struct waiter {
+  std::atomic<pid_t> tid{0};
+  std::atomic<int> rc{-1};
+  std::thread t;
+  template <class F>
+  explicit waiter(F f) : t([this, f] {
+      tid = this_tid();
+      rc = static_cast<int>(f());
+    }) {}
+  bool blocked() { return eventually_blocked(tid); }
+  int join() {
+    t.join();
+    return rc.load();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("credits: exact admission arithmetic, per peer") {
+  adopted a(2, 3);
+  auto& tr = a.tr;
+  CHECK(tr.peers() == 2);
+  CHECK(tr.credits_per_peer() == 3);
+  CHECK(tr.acquire(0, 1, 0ms) == errc{});
+  CHECK(tr.acquire(0, 2, 0ms) == errc{});       // 1 + 2 == 3: exactly full
+  CHECK(tr.try_acquire(0, 1) == errc::timed_out);
+  CHECK(tr.issued(0) == 3);
+  CHECK(tr.outstanding(0) == 3);
+  CHECK(tr.completed(0) == 0);
+  CHECK(tr.acquire(1, 3, 0ms) == errc{});       // peers are independent
+  CHECK(tr.try_acquire(1, 1) == errc::timed_out);
+
+  a.c[0].add(1);                                 // one completion: one credit back
+  CHECK(tr.outstanding(0) == 2);
+  CHECK(tr.try_acquire(0, 2) == errc::timed_out);  // 2 + 2 > 3
+  CHECK(tr.issued(0) == 3);                      // a refused acquire takes nothing
+  CHECK(tr.try_acquire(0, 1) == errc{});         // 2 + 1 == 3
+  CHECK(tr.issued(0) == 4);
+  a.c[0].add(3);
+  CHECK(tr.outstanding(0) == 0);
+  CHECK(tr.try_acquire(0, 3) == errc{});
+  std::uint64_t out = 99;
+  CHECK(tr.outstanding(0, out) == errc{});
+  CHECK(out == 3);
+  CHECK(tr.issued(1) == 3);
+  CHECK(tr.completed(0) == 4);
+}
+
+TEST_CASE("credits: bad input is EINVAL, names its cause, and changes nothing") {
+  adopted a(2, 4);
+  auto& tr = a.tr;
+  REQUIRE(tr.acquire(0, 1, 0ms) == errc{});
+  CHECK(tr.acquire(2, 1, 0ms) == errc::invalid_argument);
+  CHECK(msg().find("peer 2 out of range") != std::string::npos);
+  CHECK(tr.acquire(0, 0, 0ms) == errc::invalid_argument);
+  CHECK(msg().find("n must be > 0") != std::string::npos);
+  CHECK(tr.acquire(0, 5, -1ms) == errc::invalid_argument);  // never satisfiable: not a hang
+  CHECK(msg().find("more than credits_per_peer") != std::string::npos);
+  CHECK(tr.acquire(UINT32_MAX, UINT64_MAX, 0ms) == errc::invalid_argument);
+  CHECK(tr.release(2, 1) == errc::invalid_argument);
+  CHECK(tr.release(0, 0) == errc::invalid_argument);
+  CHECK(tr.release(0, 5) == errc::invalid_argument);
+  CHECK(tr.flush(7, 0ms) == errc::invalid_argument);
+  std::uint64_t out = 42;
+  CHECK(tr.outstanding(2, out) == errc::invalid_argument);
+  CHECK(out == 42);
+  CHECK(tr.issued(0) == 1);
+  CHECK(tr.issued(1) == 0);
+  CHECK(a.c[0].value() == 0);
+  CHECK(a.c[1].value() == 0);
+
+  credit_tracker empty;
+  CHECK_FALSE(empty);
+  CHECK(empty.acquire(0, 1, 0ms) == errc::invalid_argument);
+  CHECK(msg().find("tracker is empty") != std::string::npos);
+  credit_tracker moved = std::move(tr);
+  CHECK(moved.peers() == 2);
+  CHECK(tr.acquire(0, 1, 0ms) == errc::invalid_argument);  // NOLINT(bugprone-use-after-move)
+  CHECK(moved.issued(0) == 1);
+}
+
+TEST_CASE("credits: create and adopt validate their shape") {
+  auto dev = open_soft();
+  std::error_code ec;
+  CHECK_FALSE(credit_tracker::create(dev, 0, 4, ec));
+  CHECK(ec == errc::invalid_argument);
+  CHECK(msg().find("npeers must be > 0") != std::string::npos);
+  CHECK_FALSE(credit_tracker::create(dev, 1, 0, ec));
+  CHECK(ec == errc::invalid_argument);
+  CHECK(msg().find("credits_per_peer must be > 0") != std::string::npos);
+  CHECK_FALSE(credit_tracker::create(dev, 1, (UINT64_MAX >> 2) + 1, ec));
+  CHECK(ec == errc::invalid_argument);
+  CHECK(msg().find("quarter") != std::string::npos);
+  CHECK(credit_tracker::create(dev, 1, UINT64_MAX >> 2, ec));  // the largest allowed
+  CHECK_FALSE(ec);
+  compcntr::device none;
+  CHECK_FALSE(credit_tracker::create(none, 1, 1, ec));
+  CHECK(ec == errc::invalid_argument);
+  CHECK_FALSE(credit_tracker::create(dev, UINT32_MAX, 1, ec));  // more than the pool holds
+  CHECK(ec == errc::not_enough_memory);
+  CHECK(dev.live_counters() == 0);
+
+  auto w = make(dev);
+  auto b = make(dev, compcntr::counter_type::bytes);
+  compcntr::counter moved_from;
+  std::vector<compcntr::counter*> bad_null{&w, nullptr};
+  std::vector<compcntr::counter*> bad_bytes{&w, &b};
+  std::vector<compcntr::counter*> bad_empty{&moved_from};
+  CHECK_FALSE(credit_tracker::adopt(dev, bad_null, 1, ec));
+  CHECK(msg().find("counter 1 is null") != std::string::npos);
+  CHECK_FALSE(credit_tracker::adopt(dev, bad_bytes, 1, ec));
+  CHECK(msg().find("counts bytes") != std::string::npos);
+  CHECK_FALSE(credit_tracker::adopt(dev, bad_empty, 1, ec));
+  CHECK(ec == errc::invalid_argument);
+  CHECK_FALSE(credit_tracker::adopt(dev, {}, 1, ec));
+  CHECK(ec == errc::invalid_argument);
+  CHECK(dev.live_counters() == 2);  // nothing created or destroyed
+
+  // create() makes one WRS counter per peer and destroys them with the tracker.
+  {
+    auto tr = credit_tracker::create(dev, 5, 2, ec);
+    REQUIRE_FALSE(ec);
+    CHECK(dev.live_counters() == 7);
+    CHECK(tr.peer_counter(4).type() == compcntr::counter_type::wrs);
+    CHECK(&tr.peer_counter(0) != &tr.peer_counter(1));
+  }
+  CHECK(dev.live_counters() == 2);
+}
+
+TEST_CASE("credits: a sleeping acquire is woken by a completion from another thread") {
+  adopted a(1, 2);
+  auto& tr = a.tr;
+  REQUIRE(tr.acquire(0, 2, 0ms) == errc{});
+  waiter w([&] { return tr.acquire(0, 1, compcntr::wait_forever, sleep_at_once()); });
+  REQUIRE(w.blocked());                 // really asleep in the kernel
+  CHECK(tr.issued(0) == 2);
+  a.c[0].add(1);
+  CHECK(w.join() == 0);
+  CHECK(tr.issued(0) == 3);
+  CHECK(tr.outstanding(0) == 2);
+
+  // The same with the default spin-then-sleep and a finite timeout.
+  waiter w2([&] { return tr.acquire(0, 2, 60s); });
+  REQUIRE(w2.blocked());
+  a.c[0].add(1);                        // one back: 1 + 2 > 2, still waiting
+  REQUIRE(w2.blocked());
+  CHECK(w2.rc.load() == -1);
+  a.c[0].add(1);
+  CHECK(w2.join() == 0);
+  CHECK(tr.outstanding(0) == 2);
+}
+
+TEST_CASE("credits: several sleeping acquirers, completions admit exactly as many") {
+  adopted a(1, 3);
+  auto& tr = a.tr;
+  REQUIRE(tr.acquire(0, 3, 0ms) == errc{});
+  std::vector<std::unique_ptr<waiter>> ws;
+  for (int i = 0; i < 3; ++i)
+    ws.push_back(
+        std::make_unique<waiter>([&] { return tr.acquire(0, 1, compcntr::wait_forever); }));
+  for (auto& w : ws) REQUIRE(w->blocked());
+  a.c[0].add(2);  // two credits: two of three waiters get in, the third keeps waiting
+  auto admitted = [&] {
+    int n = 0;
+    for (auto& w : ws) n += w->rc.load() == 0;
+    return n;
+  };
+  REQUIRE(test_util::eventually([&] { return admitted() == 2; }));
+  CHECK(tr.issued(0) == 5);
+  for (auto& w : ws)
+    if (w->rc.load() != 0) REQUIRE(w->blocked());  // the third went back to sleep
+  CHECK(admitted() == 2);
+  a.c[0].add(1);
+  for (auto& w : ws) CHECK(w->join() == 0);
+  CHECK(tr.issued(0) == 6);
+  CHECK(tr.outstanding(0) == 3);
+}
+
+TEST_CASE("credits: timeouts are never early and take nothing") {
+  adopted a(1, 1);
+  auto& tr = a.tr;
+  REQUIRE(tr.acquire(0, 1, 0ms) == errc{});
+  CHECK(tr.try_acquire(0, 1) == errc::timed_out);
+  for (auto t : {1ms, 25ms}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(tr.acquire(0, 1, t) == errc::timed_out);
+    CHECK(std::chrono::steady_clock::now() - t0 >= t);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(tr.flush(0, 20ms) == errc::timed_out);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 20ms);
+  CHECK(tr.issued(0) == 1);
+
+  // A credit that comes back during a finite wait is taken.
+  waiter w([&] { return tr.acquire(0, 1, 60s); });
+  REQUIRE(w.blocked());
+  a.c[0].add(1);
+  CHECK(w.join() == 0);
+}
+
+TEST_CASE("credits: errors return credits; EIO when they change without admitting") {
+  adopted a(1, 2);
+  auto& tr = a.tr;
+  auto& c = a.c[0];
+  REQUIRE(tr.acquire(0, 2, 0ms) == errc{});
+  c.add_error(1);                               // an operation failed: it is over
+  CHECK(tr.completed(0) == 1);
+  CHECK(tr.outstanding(0) == 1);
+  CHECK(tr.try_acquire(0, 1) == errc{});        // its credit is free again
+
+  // An error during the wait that admits the waiter: success wins.
+  waiter w1([&] { return tr.acquire(0, 1, compcntr::wait_forever, sleep_at_once()); });
+  REQUIRE(w1.blocked());
+  c.add_error(1);
+  CHECK(w1.join() == 0);
+  CHECK(tr.issued(0) == 4);
+
+  // An error during the wait that does not admit it: EIO, nothing taken.
+  waiter w2([&] { return tr.acquire(0, 2, compcntr::wait_forever, sleep_at_once()); });
+  REQUIRE(w2.blocked());
+  c.add_error(1);                               // outstanding 1: 1 + 2 > 2
+  CHECK(w2.join() == EIO);
+  CHECK(tr.issued(0) == 4);
+  CHECK(tr.outstanding(0) == 1);
+
+  // Errors before the call are not "during" it.
+  REQUIRE(tr.try_acquire(0, 1) == errc{});      // full again
+  CHECK(tr.acquire(0, 1, 15ms) == errc::timed_out);
+  // A decreasing error count (set_error) is a change as well.
+  waiter w3([&] { return tr.acquire(0, 1, compcntr::wait_forever, sleep_at_once()); });
+  REQUIRE(w3.blocked());
+  c.set_error(0);                               // issued 5, completed 0: 5 > 2, not admitted
+  CHECK(w3.join() == EIO);
+  CHECK(tr.issued(0) == 5);
+}
+
+TEST_CASE("credits: flush waits for what was issued before it, not after") {
+  adopted a(1, 4);
+  auto& tr = a.tr;
+  auto& c = a.c[0];
+  CHECK(tr.flush(0, 0ms) == errc{});           // nothing outstanding
+  REQUIRE(tr.acquire(0, 3, 0ms) == errc{});
+  waiter w([&] { return tr.flush(0, compcntr::wait_forever, sleep_at_once()); });
+  REQUIRE(w.blocked());
+  REQUIRE(tr.acquire(0, 1, 0ms) == errc{});    // issued after the flush began
+  c.add(2);
+  REQUIRE(w.blocked());                         // woken, 1 of its 3 still missing: asleep again
+  CHECK(w.rc.load() == -1);
+  c.add_error(1);                               // the third fails: completed == 3
+  CHECK(w.join() == 0);
+  CHECK(tr.outstanding(0) == 1);
+
+  // An error that does not finish the flush is EIO.
+  REQUIRE(tr.acquire(0, 2, 0ms) == errc{});    // outstanding 3
+  waiter w2([&] { return tr.flush(0, compcntr::wait_forever, sleep_at_once()); });
+  REQUIRE(w2.blocked());
+  c.add_error(1);
+  CHECK(w2.join() == EIO);
+  c.add(2);
+  CHECK(tr.flush(0, 0ms) == errc{});
+}
+
+TEST_CASE("credits: release gives back credits exactly, never more than outstanding") {
+  adopted a(1, 4);
+  auto& tr = a.tr;
+  auto& c = a.c[0];
+  REQUIRE(tr.acquire(0, 3, 0ms) == errc{});
+  CHECK(tr.release(0, 4) == errc::invalid_argument);
+  CHECK(msg().find("only 3 outstanding") != std::string::npos);
+  CHECK(c.value() == 0);                        // refused: nothing changed
+  CHECK(tr.release(0, 2) == errc{});
+  CHECK(c.value() == 2);                        // a software completion
+  CHECK(tr.outstanding(0) == 1);
+  CHECK(tr.release(0, 2) == errc::invalid_argument);
+  c.add_error(1);                               // the last one failed: nothing to release
+  CHECK(tr.release(0, 1) == errc::invalid_argument);
+  CHECK(tr.outstanding(0) == 0);
+  CHECK(c.value() == 2);
+  CHECK(c.errors() == 1);
+
+  // A release wakes a sleeping acquirer.
+  REQUIRE(tr.acquire(0, 4, 0ms) == errc{});
+  waiter w([&] { return tr.acquire(0, 2, compcntr::wait_forever, sleep_at_once()); });
+  REQUIRE(w.blocked());
+  CHECK(tr.release(0, 2) == errc{});
+  CHECK(w.join() == 0);
+  CHECK(tr.outstanding(0) == 4);
+}
+
+TEST_CASE("credits: inconsistent counts are EOVERFLOW and change nothing") {
+  adopted a(1, 2);
+  auto& tr = a.tr;
+  a.c[0].add(1);                                // a completion that took no credit
+  CHECK(tr.outstanding(0) == UINT64_MAX);       // "-1"
+  CHECK(tr.try_acquire(0, 1) == errc::value_too_large);
+  CHECK(msg().find("inconsistent") != std::string::npos);
+  CHECK(tr.acquire(0, 1, compcntr::wait_forever) == errc::value_too_large);  // no hang
+  CHECK(tr.release(0, 1) == errc::value_too_large);
+  std::uint64_t out = 7;
+  CHECK(tr.outstanding(0, out) == errc::value_too_large);
+  CHECK(out == 7);
+  CHECK(tr.issued(0) == 0);
+  CHECK(a.c[0].value() == 1);
+}
+
+TEST_CASE("credits: adopt starts from the counters' counts; wrap-around past 2^64") {
+  auto dev = open_soft();
+  auto c = make(dev);
+  c.set(UINT64_MAX - 1);                        // as if 2^64 - 2 operations had completed
+  compcntr::counter* p[] = {&c};
+  std::error_code ec;
+  auto tr = credit_tracker::adopt(dev, p, 2, ec);
+  REQUIRE_FALSE(ec);
+  CHECK(tr.issued(0) == UINT64_MAX - 1);
+  CHECK(tr.outstanding(0) == 0);
+  REQUIRE(tr.acquire(0, 2, 0ms) == errc{});    // issued wraps to 0
+  CHECK(tr.issued(0) == 0);
+  CHECK(tr.outstanding(0) == 2);
+
+  // Threshold UINT64_MAX: no wrap, an ordinary sleep.
+  waiter w1([&] { return tr.acquire(0, 1, compcntr::wait_forever, sleep_at_once()); });
+  REQUIRE(w1.blocked());
+  c.add(1);                                     // value UINT64_MAX
+  CHECK(w1.join() == 0);
+  CHECK(tr.outstanding(0) == 2);
+
+  // The next threshold lies past UINT64_MAX: the waiter polls in slices until the wrap.
+  waiter w2([&] { return tr.acquire(0, 1, compcntr::wait_forever); });
+  REQUIRE(w2.blocked());
+  c.add(1);                                     // value wraps to 0
+  CHECK(w2.join() == 0);
+  CHECK(c.value() == 0);
+  CHECK(tr.issued(0) == 2);
+  CHECK(tr.outstanding(0) == 2);
+  CHECK(tr.try_acquire(0, 1) == errc::timed_out);
+  CHECK(tr.release(0, 2) == errc{});
+  CHECK(tr.outstanding(0) == 0);
+  CHECK(tr.flush(0, 0ms) == errc{});
+
+  // Errors and values summing past 2^64.
+  c.set(UINT64_MAX);
+  c.set_error(0);
+  auto tr2 = credit_tracker::adopt(dev, p, 3, ec);
+  REQUIRE_FALSE(ec);
+  REQUIRE(tr2.acquire(0, 3, 0ms) == errc{});
+  c.add_error(2);                               // value + errors wraps
+  CHECK(tr2.outstanding(0) == 1);
+  CHECK(tr2.try_acquire(0, 2) == errc{});
+}
+
+namespace {
+struct hook_state {
+  compcntr::counter* c;
+  std::atomic<int> calls{0};
+};
+void complete_one(void* ctx) {  // a "network progress" function that completes an operation
+  auto* h = static_cast<hook_state*>(ctx);
+  h->calls.fetch_add(1);
+  h->c->add(1);
+}
+}  // namespace
+
+TEST_CASE("credits: a progress hook drives completions while acquire waits") {
+  adopted a(1, 2);
+  auto& tr = a.tr;
+  REQUIRE(tr.acquire(0, 2, 0ms) == errc{});
+  hook_state h{&a.c[0]};
+  const compcntr::wait_options o{.progress = complete_one, .progress_ctx = &h};
+  CHECK(tr.acquire(0, 2, compcntr::wait_forever, o) == errc{});  // no other thread at all
+  CHECK(h.calls.load() == 2);
+  // timeout 0: one check after one progress call.
+  h.calls = 0;
+  CHECK(tr.acquire(0, 1, 0ms, o) == errc{});
+  CHECK(h.calls.load() == 1);
+  CHECK(tr.outstanding(0) == 2);
+  CHECK(tr.flush(0, compcntr::wait_forever, o) == errc{});
+}
+
+TEST_CASE("credits: completed sends of a QP return credits (create + attach)") {
+  auto dev = open_soft();
+  std::error_code ec;
+  auto tr = credit_tracker::create(dev, 1, 2, ec);
+  REQUIRE_FALSE(ec);
+  auto tx = dev.create_qp(ec), rx = dev.create_qp(ec);
+  REQUIRE_FALSE(ec);
+  tx.attach(tr.peer_counter(0), compcntr::attach_op::send, ec);
+  REQUIRE_FALSE(ec);
+  tx.modify(compcntr::qp_state::init, ec);
+  rx.modify(compcntr::qp_state::init, ec);
+  tx.connect(rx, ec);
+  REQUIRE_FALSE(ec);
+  char sbuf[8] = "credit", rbuf[8] = {};
+  auto smr = dev.reg_mr(sbuf, sizeof sbuf, 0, ec);
+  auto rmr = dev.reg_mr(rbuf, sizeof rbuf, compcntr::access::local_write, ec);
+  REQUIRE_FALSE(ec);
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(tr.try_acquire(0, 1) == errc{});
+    tx.post_send(i, sbuf, sizeof sbuf, smr.lkey(), ec);  // no receive yet: in flight
+    REQUIRE_FALSE(ec);
+  }
+  CHECK(tr.try_acquire(0, 1) == errc::timed_out);
+  rx.post_recv(0, rbuf, sizeof rbuf, rmr.lkey(), ec);    // the first send completes
+  CHECK(tr.outstanding(0) == 1);
+  CHECK(tr.try_acquire(0, 1) == errc{});
+  // The tracker's counter cannot be destroyed through a counter_ref either.
+  auto ref = dev.resolve(tr.peer_counter(0).handle(), ec);
+  REQUIRE_FALSE(ec);
+  CHECK(ref.value() == 1);
+}
+
+TEST_CASE("credits: stress: acquirers, a completer and releasers on one peer never exceed "
+          "credits_per_peer in flight") {
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+  constexpr int rounds = 10000;
+#else
+  constexpr int rounds = 20000;
+#endif
+#else
+  constexpr int rounds = 20000;
+#endif
+  static_assert(rounds % 2 == 0);
+  constexpr std::uint64_t K = 4;
+  constexpr int acquirers = 3;
+  adopted a(1, K);
+  auto& tr = a.tr;
+  auto& c = a.c[0];
+
+  std::atomic<std::int64_t> inflight{0};     // independent of the tracker
+  std::atomic<std::int64_t> max_seen{0};
+  std::atomic<int> violations{0};
+  std::atomic<std::int64_t> pending{0};      // operations handed to the completer
+  std::atomic<int> finished{0};
+  std::atomic<std::uint64_t> taken{0}, released{0}, completed_ok{0}, completed_err{0};
+  std::atomic<int> eio{0}, bad_rc{0};
+
+  std::vector<std::thread> ts;
+  for (int t = 0; t < acquirers; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < rounds; ++i) {
+        const std::uint64_t n = 1 + static_cast<std::uint64_t>((i + t) % 2);
+        // Thread 0 blocks (spin 5 us, then sleep), thread 1 spins longer (200 us), thread 2
+        // polls with try_acquire: sleepers woken together and pollers race for one credit.
+        errc r;
+        for (;;) {
+          if (t == 0)
+            r = tr.acquire(0, n, compcntr::wait_forever);
+          else if (t == 1)
+            r = tr.acquire(0, n, compcntr::wait_forever, {.spin = 200us});
+          else if ((r = tr.try_acquire(0, n)) == errc::timed_out) {
+            std::this_thread::yield();
+            continue;
+          }
+          if (r != errc::io_error) break;
+          ++eio;
+        }
+        if (r != errc{}) {
+          ++bad_rc;
+          break;
+        }
+        taken += n;
+        const std::int64_t now = inflight.fetch_add(static_cast<std::int64_t>(n)) +
+                                 static_cast<std::int64_t>(n);
+        if (now > static_cast<std::int64_t>(K)) ++violations;
+        std::int64_t m = max_seen.load();
+        while (now > m && !max_seen.compare_exchange_weak(m, now)) {
+        }
+        if (i % 5 == 4) {                      // cancelled before posting: give the credits back
+          inflight.fetch_sub(static_cast<std::int64_t>(n));
+          if (tr.release(0, n) != errc{}) ++bad_rc;
+          released += n;
+        } else {
+          pending.fetch_add(static_cast<std::int64_t>(n));
+        }
+      }
+      ++finished;
+    });
+  std::thread completer([&] {
+    for (std::uint64_t k = 0;;) {
+      std::int64_t p = pending.load();
+      if (p == 0) {
+        if (finished.load() == acquirers && pending.load() == 0) break;
+        std::this_thread::yield();
+        continue;
+      }
+      if (!pending.compare_exchange_weak(p, p - 1)) continue;
+      if (inflight.fetch_sub(1) < 1) ++violations;  // completing something not in flight
+      if (++k % 7 == 0) {
+        c.add_error(1);
+        ++completed_err;
+      } else {
+        c.add(1);
+        ++completed_ok;
+      }
+    }
+  });
+  for (auto& t : ts) t.join();
+  completer.join();
+
+  CHECK(violations.load() == 0);
+  CHECK(bad_rc.load() == 0);
+  CHECK(max_seen.load() <= static_cast<std::int64_t>(K));
+  CHECK(inflight.load() == 0);
+  const std::uint64_t total = taken.load();
+  CHECK(total == static_cast<std::uint64_t>(acquirers) * (rounds / 2) * 3);  // n = 1, 2, 1, ...
+  CHECK(tr.issued(0) == total);
+  CHECK(c.value() == completed_ok.load() + released.load());
+  CHECK(c.errors() == completed_err.load());
+  CHECK(tr.completed(0) == total);
+  CHECK(tr.outstanding(0) == 0);
+  MESSAGE("in flight at most " << max_seen.load() << ", " << eio.load() << " EIO retries");
+}
