@@ -21,6 +21,11 @@
 
 import compcntr;
 
+#include "support.hpp"
+
+using test_support::make_counter;
+using test_support::open_soft;
+
 using namespace std::chrono_literals;
 using compcntr::credit_tracker;
 using std::errc;
@@ -30,20 +35,7 @@ namespace {
 std::string msg() { return std::string(compcntr::last_error_message()); }
 pid_t this_tid() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
 
-compcntr::device open_soft() {
-  std::error_code ec;
-  auto dev = compcntr::device::open("soft", ec);
-  REQUIRE_FALSE(ec);
-  return dev;
-}
 
-compcntr::counter make(compcntr::device& dev,
-                       compcntr::counter_type t = compcntr::counter_type::wrs) {
-  std::error_code ec;
-  auto c = dev.create_counter(t, ec);
-  REQUIRE_FALSE(ec);
-  return c;
-}
 
 // A tracker over counters the test owns (so it can complete operations with add/add_error).
 struct adopted {
@@ -52,7 +44,7 @@ struct adopted {
   credit_tracker tr;
   adopted(std::uint32_t npeers, std::uint64_t credits) {
     std::vector<compcntr::counter*> p;
-    for (std::uint32_t i = 0; i < npeers; ++i) c.push_back(make(dev));
+    for (std::uint32_t i = 0; i < npeers; ++i) c.push_back(make_counter(dev));
     for (auto& x : c) p.push_back(&x);
     std::error_code ec;
     tr = credit_tracker::adopt(dev, p, credits, ec);
@@ -166,8 +158,8 @@ TEST_CASE("credits: create and adopt validate their shape") {
   CHECK(ec == errc::not_enough_memory);
   CHECK(dev.live_counters() == 0);
 
-  auto w = make(dev);
-  auto b = make(dev, compcntr::counter_type::bytes);
+  auto w = make_counter(dev);
+  auto b = make_counter(dev, compcntr::counter_type::bytes);
   compcntr::counter moved_from;
   std::vector<compcntr::counter*> bad_null{&w, nullptr};
   std::vector<compcntr::counter*> bad_bytes{&w, &b};
@@ -371,7 +363,7 @@ TEST_CASE("credits: inconsistent counts are EOVERFLOW and change nothing") {
 
 TEST_CASE("credits: adopt starts from the counters' counts; wrap-around past 2^64") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   c.set(UINT64_MAX - 1);                        // as if 2^64 - 2 operations had completed
   compcntr::counter* p[] = {&c};
   std::error_code ec;

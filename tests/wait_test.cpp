@@ -128,7 +128,7 @@ TEST_CASE("wait: errors before the wait do not count, errors during it are EIO")
 
 TEST_CASE("wait_since: errors compared with the caller's count, from the first check on") {
   auto dev = open_soft();
-  auto c = make(dev);
+  auto c = make_counter(dev);
   const std::uint64_t seen = c.errors();
   c.add_error(1);  // after the caller's read, before its wait: wait() cannot see this change
   CHECK(compcntr::wait(c, 1, 0ms) == std::errc::timed_out);
