@@ -74,7 +74,8 @@ attempt run_once(const context& ctx, const spec& s, std::uint64_t n, double budg
   bool done = false;
   // Generous: far above any legitimate sample (which the budget ends after budget_ns); the
   // sides' own waits time out after 2 s.
-  const auto deadline = steady::now() + std::chrono::seconds(5) +
+  const auto start = steady::now();
+  const auto deadline = start + std::chrono::seconds(5) +
                         std::chrono::nanoseconds(static_cast<std::int64_t>(2 * budget_ns));
   std::thread watchdog([&] {
     std::unique_lock<std::mutex> lk(m);
@@ -139,7 +140,14 @@ attempt run_once(const context& ctx, const spec& s, std::uint64_t n, double budg
   a.delay_frac = a.schedstat && a.wall > 0 ? std::max(sa.delay, sb.delay) / a.wall : 0;
   a.vcsw = sa.vcsw + sb.vcsw;
   a.ivcsw = sa.ivcsw + sb.ivcsw;
-  a.why = !sa.why.empty() ? "initiator: " + sa.why : !sb.why.empty() ? "responder: " + sb.why : "";
+  // The root cause first: a side that stopped because its peer aborted says only "aborted".
+  auto cause = [](const std::string& w) { return !w.empty() && w != "aborted"; };
+  a.why = cause(sa.why)   ? "initiator: " + sa.why
+          : cause(sb.why) ? "responder: " + sb.why
+          : !sa.why.empty() || !sb.why.empty() ? "aborted by the watchdog after " +
+                                                    std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                                        deadline - start).count()) + " s"
+                                              : "";
   // unstick makes waits return and the sides then see abort, so a watchdog abort always shows
   // as a side's failure; never let a sample that was cut short that way count.
   if (a.why.empty() && ctl->abort.load()) a.why = "aborted by the watchdog";
@@ -206,7 +214,8 @@ variant make(const context& ctx, spec s, std::shared_ptr<tally> t) {
     } timer{*t, t0};
     const double sample_ns =
         (s.sample_ms > 0 ? std::min(s.sample_ms, ctx.opt.sample_ms) : ctx.opt.sample_ms) * 1e6;
-    const double budget_ns = ctx.opt.smoke ? 60e9 : s.budget_factor * sample_ns;
+    // --smoke: fixed small rounds; the budget only keeps a pathological sample short.
+    const double budget_ns = ctx.opt.smoke ? 2e9 : s.budget_factor * sample_ns;
     attempt best = run_once(ctx, s, n, budget_ns);
     const int retries = ctx.opt.smoke ? 0 : s.max_retries;
     for (int k = 0; best.why.empty() && best.schedstat && best.delay_frac > s.max_delay && k < retries;
