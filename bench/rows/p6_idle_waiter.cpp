@@ -6,7 +6,8 @@
 // thread (first CPU) sleeps 50 ms from the moment the waiter is about to wait, then adds 1. One
 // sample = 100 x the waiter's CPU time (CLOCK_THREAD_CPUTIME_ID, user + system) over its wall time
 // from just before the call to just after it returned, in % of one core. No fresh process is
-// needed: the CPU clock is the waiter thread's own.
+// needed: the CPU clock is the waiter thread's own. The waiter is a new thread per sample, so its
+// CPU time also holds that thread's first touches of its stack (an upper bound for the wait).
 // References (info only): fi_cntr_wait(c, v + 1, 2000 ms) on a FI_WAIT_UNSPEC counter bound to a
 // tcp;ofi_rxm endpoint (util wait: sleeps in 50 ms slices, drives progress between them) and on
 // shm (whose wait object FI_WAIT_UNSPEC resolves to a sched_yield loop), the main thread
