@@ -110,6 +110,73 @@ std::map<std::string, cache_entry>& cache() {
   return c;
 }
 
+/// One endpoint of a wait_pair with everything bound to it.
+struct side_objs {
+  fid_av* av = nullptr;
+  fid_cq* cq = nullptr;
+  fid_cntr* cntr = nullptr;
+  fid_ep* ep = nullptr;
+  void close() {
+    if (ep) fi_close(&ep->fid);
+    if (cntr) fi_close(&cntr->fid);
+    if (cq) fi_close(&cq->fid);
+    if (av) fi_close(&av->fid);
+    *this = side_objs{};
+  }
+};
+
+struct pair_env : wait_pair {
+  side_objs s1, s2;
+  ~pair_env() {
+    s1.close();
+    s2.close();
+  }
+};
+
+std::string open_side(const handles& h, side_objs& s) {
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  int ret;
+  if ((ret = fi_av_open(h.domain, &av_attr, &s.av, nullptr))) return err("fi_av_open", ret);
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+  cq_attr.size = 128;
+  if ((ret = fi_cq_open(h.domain, &cq_attr, &s.cq, nullptr))) return err("fi_cq_open", ret);
+  fi_cntr_attr attr{};
+  attr.events = FI_CNTR_EVENTS_COMP;
+  attr.wait_obj = FI_WAIT_UNSPEC;  // fi_cntr_wait needs a wait object
+  if ((ret = fi_cntr_open(h.domain, &attr, &s.cntr, nullptr)))
+    return err("fi_cntr_open(FI_WAIT_UNSPEC)", ret);
+  if ((ret = fi_endpoint(h.domain, h.info, &s.ep, nullptr))) return err("fi_endpoint", ret);
+  if ((ret = fi_ep_bind(s.ep, &s.av->fid, 0))) return err("fi_ep_bind(av)", ret);
+  if ((ret = fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV))) return err("fi_ep_bind(cq)", ret);
+  if ((ret = fi_ep_bind(s.ep, &s.cntr->fid, FI_SEND | FI_RECV)))
+    return err("fi_ep_bind(cntr, FI_SEND | FI_RECV)", ret);
+  if ((ret = fi_enable(s.ep))) return err("fi_enable", ret);
+  return {};
+}
+
+std::unique_ptr<pair_env> open_pair(const std::string& provider, std::string& why) {
+  const handles* h = get(provider, why);
+  if (!h) return nullptr;
+  auto p = std::make_unique<pair_env>();
+  if (!(why = open_side(*h, p->s1)).empty() || !(why = open_side(*h, p->s2)).empty()) return nullptr;
+  p->a = p->s1.cntr;
+  p->b = p->s2.cntr;
+  p->provider = h->provider;
+  p->wait_obj = "FI_WAIT_UNSPEC";
+  return p;
+}
+
+struct pair_entry {
+  std::unique_ptr<pair_env> p;
+  std::string why;
+};
+std::map<std::string, pair_entry>& pair_cache() {
+  static std::map<std::string, pair_entry> c;
+  return c;
+}
+
 fid_cntr* pick(const handles* h, which w) { return w == which::bound ? h->bound : h->unbound; }
 
 void describe(variant& v, const handles* h) {
@@ -143,7 +210,37 @@ const handles* get(const std::string& provider, std::string& why) {
   return it->second.e.get();
 }
 
-void close_all() { cache().clear(); }
+void close_all() {
+  pair_cache().clear();  // endpoints of the pairs live on the cached domains
+  cache().clear();
+}
+
+const wait_pair* get_wait_pair(const std::string& provider, std::string& why) {
+  auto& c = pair_cache();
+  auto it = c.find(provider);
+  if (it == c.end()) {
+    pair_entry entry;
+    entry.p = open_pair(provider, entry.why);
+    it = c.emplace(provider, std::move(entry)).first;
+  }
+  why = it->second.why;
+  return it->second.p.get();
+}
+
+int cntr_set(fid_cntr* c, std::uint64_t v) { return fi_cntr_set(c, v); }
+int cntr_add(fid_cntr* c, std::uint64_t v) { return fi_cntr_add(c, v); }
+std::uint64_t cntr_read(fid_cntr* c) { return fi_cntr_read(c); }
+int cntr_wait(fid_cntr* c, std::uint64_t threshold, int timeout_ms) {
+  return fi_cntr_wait(c, threshold, timeout_ms);
+}
+std::string error_text(const char* call, int ret) { return err(call, ret); }
+
+void describe(variant& v, const wait_pair& p) {
+  v.notes["provider"] = p.provider;
+  v.notes["wait_obj"] = p.wait_obj;
+  v.notes["setup"] = "two endpoints, each with its own counter bound (FI_SEND | FI_RECV)";
+  v.notes["libfabric"] = std::to_string(FI_MAJOR(fi_version())) + "." + std::to_string(FI_MINOR(fi_version()));
+}
 
 variant read_variant(const std::string& label, const std::string& provider, which w) {
   std::string why;
@@ -182,6 +279,18 @@ variant add_variant(const std::string& label, const std::string& provider, which
   get(provider, why);
   return unavailable_variant(label, why);
 }
+const wait_pair* get_wait_pair(const std::string& provider, std::string& why) {
+  get(provider, why);
+  return nullptr;
+}
+int cntr_set(fid_cntr*, std::uint64_t) { return -38; }
+int cntr_add(fid_cntr*, std::uint64_t) { return -38; }
+std::uint64_t cntr_read(fid_cntr*) { return 0; }
+int cntr_wait(fid_cntr*, std::uint64_t, int) { return -38; }
+std::string error_text(const char* call, int ret) {
+  return std::string(call) + ": built without libfabric (" + std::to_string(ret) + ")";
+}
+void describe(variant&, const wait_pair&) {}
 
 #endif
 
