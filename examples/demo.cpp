@@ -132,6 +132,7 @@ void loopback_traffic() {
 
 }  // namespace
 
+void runtime_demo(compcntr::device& dev);  // demo_runtime.cpp
 #if COMPCNTR_DEMO_FABRIC
 void fabric_demo();  // demo_fabric.cpp
 #endif
@@ -191,6 +192,7 @@ int main() {
   std::printf("  device still open: %s, live counters: %u\n", dev ? "yes" : "no", dev.live_counters());
 
   loopback_traffic();
+  runtime_demo(dev);
 #if COMPCNTR_DEMO_FABRIC
   fabric_demo();
 #endif
