@@ -100,6 +100,9 @@ class soft_qp final : public qp_impl {
   /// Moves `q` to ERR, flushing its waiting requests in error; fails the peer's sends waiting on
   /// it (which moves the peer to ERR). Under the link mutex.
   static void fail_qp(soft_qp& q) noexcept;
+  /// RDMA write (local -> remote) or read (remote -> local): validation, copy, completions.
+  std::error_code rdma(attach_op op, void* local_addr, std::size_t len, std::uint32_t lkey,
+                       std::uint64_t remote_addr, std::uint32_t rkey) noexcept;
   /// Delivers send `s` of `sender` into receive `r` of `receiver`. Under the link mutex and the
   /// registration read lock.
   delivery deliver(soft_qp& sender, const send_wr& s, soft_qp& receiver, const recv_wr& r) noexcept;
@@ -322,52 +325,48 @@ std::error_code soft_qp::post_send(std::uint64_t wr_id, const void* addr, std::s
 std::error_code soft_qp::post_rdma_write(std::uint64_t, const void* addr, std::size_t len,
                                          std::uint32_t lkey, std::uint64_t remote_addr,
                                          std::uint32_t rkey) noexcept {
-  if (auto e = check_post("post_rdma_write", addr, len)) return e;
-  std::lock_guard<std::mutex> g(link_->mu);
-  if (auto e = check_post("post_rdma_write", addr, len)) return e;
-  memory_read_guard mem(mem_);
-  const char* why = nullptr;
-  soft_qp* p = peer_;
-  void* dst = nullptr;
-  if (local(lkey, addr, len, 0, &why)) {
-    if (!p || p->state() != qp_state::rts)
-      why = p ? "peer QP is in ERR" : "peer QP was destroyed";
-    else if (len != 0)
-      dst = soft_memory_resolve(mem_, rkey, true, remote_addr, len, access::remote_write, &why);
-  }
-  if (why) {
-    fail_request(attach_op::rdma_write, why);  // the target's counters are untouched
-    return {};
-  }
-  if (len != 0) std::memmove(dst, addr, len);
-  complete(attach_op::rdma_write, true, len);
-  p->complete(attach_op::remote_rdma_write, true, len);
-  return {};
+  // The local buffer is only read: const_cast is safe (rdma() never writes it for a write).
+  return rdma(attach_op::rdma_write, const_cast<void*>(addr), len, lkey, remote_addr, rkey);
 }
 
 std::error_code soft_qp::post_rdma_read(std::uint64_t, void* addr, std::size_t len,
                                         std::uint32_t lkey, std::uint64_t remote_addr,
                                         std::uint32_t rkey) noexcept {
-  if (auto e = check_post("post_rdma_read", addr, len)) return e;
+  return rdma(attach_op::rdma_read, addr, len, lkey, remote_addr, rkey);
+}
+
+std::error_code soft_qp::rdma(attach_op op, void* local_addr, std::size_t len, std::uint32_t lkey,
+                              std::uint64_t remote_addr, std::uint32_t rkey) noexcept {
+  const bool write = op == attach_op::rdma_write;
+  const char* call = write ? "post_rdma_write" : "post_rdma_read";
+  if (auto e = check_post(call, local_addr, len)) return e;
   std::lock_guard<std::mutex> g(link_->mu);
-  if (auto e = check_post("post_rdma_read", addr, len)) return e;
+  if (auto e = check_post(call, local_addr, len)) return e;
   memory_read_guard mem(mem_);
   const char* why = nullptr;
   soft_qp* p = peer_;
-  const void* src = nullptr;
-  if (local(lkey, addr, len, access::local_write, &why)) {
+  void* remote = nullptr;
+  // A write reads the local buffer and needs REMOTE_WRITE on the target; a read writes the
+  // local buffer (LOCAL_WRITE) and needs REMOTE_READ.
+  if (local(lkey, local_addr, len, write ? 0 : access::local_write, &why)) {
     if (!p || p->state() != qp_state::rts)
       why = p ? "peer QP is in ERR" : "peer QP was destroyed";
     else if (len != 0)
-      src = soft_memory_resolve(mem_, rkey, true, remote_addr, len, access::remote_read, &why);
+      remote = soft_memory_resolve(mem_, rkey, true, remote_addr, len,
+                                   write ? access::remote_write : access::remote_read, &why);
   }
   if (why) {
-    fail_request(attach_op::rdma_read, why);  // the target's counters are untouched
+    fail_request(op, why);  // the target's counters are untouched
     return {};
   }
-  if (len != 0) std::memmove(addr, src, len);
-  complete(attach_op::rdma_read, true, len);
-  p->complete(attach_op::remote_rdma_read, true, len);
+  if (len != 0) {
+    if (write)
+      std::memmove(remote, local_addr, len);
+    else
+      std::memmove(local_addr, remote, len);
+  }
+  complete(op, true, len);
+  p->complete(write ? attach_op::remote_rdma_write : attach_op::remote_rdma_read, true, len);
   return {};
 }
 
