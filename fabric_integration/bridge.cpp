@@ -131,26 +131,27 @@ struct tally {
 
   void ok(compcntr_fi_bridge* br, std::uint64_t flags, std::uint64_t len) noexcept {
     ++entries;
-    const int c = classify(flags);
-    if (c == n_classes) {
-      ++unclassified;
-    } else if (br->table[c].load(std::memory_order_relaxed) == nullptr) {
-      ++unbound;
-    } else {
+    if (const int c = route(br, flags); c >= 0) {
       ++done[c];
       bytes[c] += len;
     }
   }
   void err(compcntr_fi_bridge* br, std::uint64_t flags) noexcept {
     ++errors;
+    if (const int c = route(br, flags); c >= 0) ++failed[c];
+  }
+  /// The class an entry counts in, or -1 (counted as unclassified or unbound instead).
+  int route(compcntr_fi_bridge* br, std::uint64_t flags) noexcept {
     const int c = classify(flags);
     if (c == n_classes) {
       ++unclassified;
-    } else if (br->table[c].load(std::memory_order_relaxed) == nullptr) {
-      ++unbound;
-    } else {
-      ++failed[c];
+      return -1;
     }
+    if (br->table[c].load(std::memory_order_relaxed) == nullptr) {
+      ++unbound;
+      return -1;
+    }
+    return c;
   }
   void flush(compcntr_fi_bridge* br) noexcept {
     for (int c = 0; c < n_classes; ++c) {

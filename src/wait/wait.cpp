@@ -276,13 +276,17 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
 
 namespace compcntr {
 
+namespace {
+poll_result length_mismatch(std::size_t counters, std::size_t thresholds) noexcept {
+  return {std::errc(detail::fail(EINVAL, "poll_any: %zu counters but %zu thresholds", counters,
+                                 thresholds).value()),
+          0};
+}
+}  // namespace
+
 poll_result poll_any(std::span<const counter> counters, std::span<const std::uint64_t> thresholds,
                      std::chrono::milliseconds timeout, const wait_options& opts) noexcept {
-  if (counters.size() != thresholds.size())
-    return {std::errc(detail::fail(EINVAL, "poll_any: %zu counters but %zu thresholds",
-                                   counters.size(), thresholds.size())
-                          .value()),
-            0};
+  if (counters.size() != thresholds.size()) return length_mismatch(counters.size(), thresholds.size());
   const detail::slot_list list{counters.data(), counters.size(),
                                [](const void* base, std::size_t i) noexcept -> detail::slot* {
                                  return static_cast<const counter*>(base)[i].native_slot();
@@ -293,11 +297,7 @@ poll_result poll_any(std::span<const counter> counters, std::span<const std::uin
 poll_result poll_any(std::span<const counter* const> counters,
                      std::span<const std::uint64_t> thresholds, std::chrono::milliseconds timeout,
                      const wait_options& opts) noexcept {
-  if (counters.size() != thresholds.size())
-    return {std::errc(detail::fail(EINVAL, "poll_any: %zu counters but %zu thresholds",
-                                   counters.size(), thresholds.size())
-                          .value()),
-            0};
+  if (counters.size() != thresholds.size()) return length_mismatch(counters.size(), thresholds.size());
   const detail::slot_list list{counters.data(), counters.size(),
                                [](const void* base, std::size_t i) noexcept -> detail::slot* {
                                  const counter* c = static_cast<const counter* const*>(base)[i];
