@@ -43,10 +43,12 @@ class backend {
   /// ENOTSUP (with a message) if the device cannot count `type`.
   virtual std::error_code check_type(counter_type type) const noexcept;
   /// Called once a slot is assigned to a new counter: native backends create the hardware
-  /// counter here and set s.hw / s.backend_data. Failure undoes nothing of the slot (the caller
-  /// releases it).
+  /// counter here and set s.hw / s.backend_data. On failure the backend leaves the slot unbound
+  /// (hw and backend_data as they were: nullptr); the caller then drops the counter's
+  /// reference, which calls unbind_counter() on it when it is the last one.
   virtual std::error_code bind_counter(slot& s) noexcept;
-  /// Called when the counter is destroyed, before its slot returns to the pool.
+  /// Called when the counter's last reference is gone, before its slot returns to the pool.
+  /// Must accept a slot whose bind_counter() failed (nothing to undo then).
   virtual void unbind_counter(slot& s) noexcept;
   /// A new QP in RESET (it holds a reference to `dev`). Default: ENOTSUP (no compcntr-made QPs).
   virtual qp_impl* create_qp(device_core& dev, std::error_code& ec) noexcept;

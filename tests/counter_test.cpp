@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <set>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -265,4 +267,89 @@ TEST_CASE("slot layout: one 128-byte block, hot values on the first line") {
   CHECK(sizeof(compcntr::detail::slot) == 128);
   CHECK(alignof(compcntr::detail::slot) == 128);
   CHECK(compcntr::false_sharing_range == 128);
+}
+
+namespace {
+// A backend whose bind_counter can fail, and can play a stale-handle resolver's reference CAS
+// (resolve_counter_slot step 2) at the moment the new counter is being bound.
+struct flaky_backend final : compcntr::detail::backend {
+  bool fail_bind = false;
+  compcntr::detail::slot* resolver_target = nullptr;  // take a resolver reference on this slot
+  std::string_view name() const noexcept override { return "flaky"; }
+  compcntr::counter_caps caps() const noexcept override {
+    return {.max_value = UINT64_MAX, .max_counters = 0, .supported_qp_attach_ops = 0};
+  }
+  std::error_code bind_counter(compcntr::detail::slot& s) noexcept override {
+    if (!fail_bind) return {};
+    std::uint32_t r = s.refs.load();
+    if (&s == resolver_target && r == 1) s.refs.compare_exchange_strong(r, r + 1);
+    return std::make_error_code(std::errc::not_enough_memory);
+  }
+};
+}  // namespace
+
+TEST_CASE("a failed bind changes nothing: the slot goes back, the device is not held") {
+  auto be = std::make_unique<flaky_backend>();
+  flaky_backend* fb = be.get();
+  std::error_code ec;
+  auto dev = compcntr::device::from_backend(std::move(be), ec);
+  REQUIRE(!ec);
+  fb->fail_bind = true;
+  auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
+  CHECK(ec == std::errc::not_enough_memory);
+  CHECK(!c);
+  CHECK(dev.live_counters() == 0);
+  fb->fail_bind = false;
+  auto ok = dev.create_counter(compcntr::counter_type::wrs, ec);
+  REQUIRE(!ec);
+  CHECK(ok.value() == 0);
+  CHECK(dev.live_counters() == 1);
+  ok.reset();
+  dev.close(ec);
+  CHECK(!ec);  // no device reference leaked by the failed create
+}
+
+// Review finding (2026-11-30): a failed bind used to push the slot straight back to the pool
+// even when a resolver of a stale handle had taken a reference on it in the meantime; that
+// resolver's later unref then freed the slot under its next owner, and the slot was handed
+// out twice. The interleaving is replayed deterministically: resolver step 1 (generation
+// matches), the counter destroyed, a create whose bind fails after the resolver's CAS (step 2),
+// a new owner, then the resolver's step 3 (generation differs: drop its reference).
+TEST_CASE("a failed bind with a stale resolver's reference never frees the slot's next owner") {
+  auto be = std::make_unique<flaky_backend>();
+  flaky_backend* fb = be.get();
+  std::error_code ec;
+  auto dev = compcntr::device::from_backend(std::move(be), ec);
+  REQUIRE(!ec);
+  auto c1 = dev.create_counter(compcntr::counter_type::wrs, ec);
+  REQUIRE(!ec);
+  const compcntr::counter_handle h = c1.handle();
+  compcntr::detail::slot* s = c1.native_slot();
+  REQUIRE(s->generation.load() == h.generation);  // resolver step 1
+  c1.reset();
+  fb->fail_bind = true;
+  fb->resolver_target = s;
+  auto failed = dev.create_counter(compcntr::counter_type::wrs, ec);
+  CHECK(ec == std::errc::not_enough_memory);
+  CHECK(!failed);
+  CHECK(s->refs.load() == 1);  // the resolver's reference: the slot is not free yet
+  // Resolver step 3: the generation moved on, so it drops what it took; that is the last
+  // reference, and the slot returns to the pool now.
+  // One release so far (c1's): the failed create did not give the slot back.
+  REQUIRE(s->generation.load() == h.generation + 1);
+  compcntr::detail::unref_counter_slot(*s);
+  CHECK(dev.live_counters() == 0);
+  fb->fail_bind = false;
+  auto c3 = dev.create_counter(compcntr::counter_type::wrs, ec);
+  REQUIRE(!ec);
+  auto c4 = dev.create_counter(compcntr::counter_type::wrs, ec);
+  REQUIRE(!ec);
+  CHECK(c3.native_slot() != c4.native_slot());
+  CHECK(dev.live_counters() == 2);
+  CHECK(c3.native_slot()->refs.load() == 1);
+  CHECK(c4.native_slot()->refs.load() == 1);
+  c3.reset();
+  c4.reset();
+  dev.close(ec);
+  CHECK(!ec);
 }

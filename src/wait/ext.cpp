@@ -77,9 +77,13 @@ void notify_ext(slot& s, std::uint32_t w) noexcept {
   if ((w & watch_fd_armed) != 0 &&
       (s.watch.fetch_and(~watch_fd_armed, std::memory_order_acq_rel) & watch_fd_armed) != 0) {
     // One-shot: only the update that clears the bit writes, later ones pay nothing.
-    e->fd_signaled.store(true, std::memory_order_release);
+    // Write first, then mark: an arm_fd that runs between the two finds nothing to drain yet
+    // leaves this readiness for the next arm to drain (one spurious wake-up at most). Marking
+    // first would let that arm clear the mark before the write lands, and no later arm would
+    // ever drain the fd: it would stay readable and an epoll loop would spin.
     const std::uint64_t one = 1;
     [[maybe_unused]] const ssize_t n = ::write(e->fd.load(std::memory_order_acquire), &one, sizeof one);
+    e->fd_signaled.store(true, std::memory_order_release);
   }
   if ((w & watch_pollers) != 0) {
     std::lock_guard lock(e->mu);
