@@ -142,6 +142,14 @@ struct alignas(false_sharing_range) slot {
     if (watch.load(std::memory_order_seq_cst) != 0) [[unlikely]] notify_slow();
   }
   void notify_slow() noexcept;  // src/slot.cpp
+  /// Wakes the counter's sleeping waiters and poll_any calls although its values did not change,
+  /// so they re-decide how to sleep: called when the counter starts depending on a device
+  /// progress source (attached to a QP whose completions must be driven), which a waiter that
+  /// went to sleep before cannot know. Does not signal an armed fd (nothing changed for it).
+  /// Memory ordering: a seq_cst fence, then the seq_cst load of `watch`: pairs with a waiter's
+  /// registration RMW + fence before it looks at the device's progress sources, so either the
+  /// waiter sees the new source or this sees the waiter. One fence and one load if nobody waits.
+  void kick() noexcept;  // src/slot.cpp
 };
 
 static_assert(sizeof(slot) == false_sharing_range, "a slot is exactly one padded block");

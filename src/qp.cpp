@@ -90,6 +90,9 @@ std::error_code qp_impl::attach(slot& s, const attach_options& o) noexcept {
   if (!have) attached_.push_back(&s);  // capacity reserved above: cannot throw
   for (unsigned i = 0; i < attach_op_count; ++i)
     if (o.op_mask >> i & 1u) served_[i].store(&s, std::memory_order_release);
+  // A waiter asleep on the counter may not know it now depends on this QP's progress source
+  // (a wrapped verbs QP's CQ is drained by waiters): wake it so it re-decides (compcntr:slot).
+  s.kick();
   return {};
 }
 

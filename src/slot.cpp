@@ -18,4 +18,14 @@ void slot::notify_slow() noexcept {
   if ((w & (watch_fd_armed | watch_pollers)) != 0) notify_ext(*this, w);
 }
 
+void slot::kick() noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const std::uint32_t w = watch.load(std::memory_order_seq_cst);
+  if ((w & watch_sleepers_mask) != 0) {
+    wake_seq.fetch_add(1, std::memory_order_release);
+    futex::wake(wake_seq);
+  }
+  if ((w & watch_pollers) != 0) notify_ext(*this, watch_pollers);
+}
+
 }  // namespace compcntr::detail

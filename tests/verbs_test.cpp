@@ -562,3 +562,58 @@ TEST_CASE("wait and poll_any drive the device's progress: no hook needed for a w
   CHECK(r.index == 1);
   CHECK(sends.errors() == 1);
 }
+
+// Review finding (2026-11-30): whether a waiter must wake up to drive progress was decided once,
+// when it started. A waiter asleep before its counter was attached to a wrapped QP (whose CQ
+// only waiters drain) slept until its timeout, or forever. Now attach wakes the counter's
+// sleepers (slot::kick) and they decide again after registering. Each wait below has a 20 s
+// timeout; without the fix it lasts all of it, so 10 s is a generous failure bound.
+TEST_CASE("a waiter asleep before its counter was attached to a wrapped QP drives that QP's CQ") {
+  using namespace std::chrono_literals;
+  auto dev = open_soft();
+  auto sends = make_counter(dev), recvs = make_counter(dev);
+  const auto* s_slot = sends.native_slot();
+  const auto* r_slot = recvs.native_slot();
+
+  std::atomic<int> wait_result{-1};
+  std::atomic<long long> wait_ms{-1};
+  std::thread waiter([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    wait_result = static_cast<int>(compcntr::wait(sends, 1, 20s, compcntr::wait_options{.spin = 0ns}));
+    wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - t0).count();
+  });
+  std::atomic<int> poll_status{-1};
+  std::atomic<long long> poll_ms{-1};
+  std::thread poller([&] {
+    const compcntr::counter* list[] = {&recvs};
+    const std::uint64_t thresholds[] = {1};
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = compcntr::poll_any(std::span<const compcntr::counter* const>(list),
+                                      std::span<const std::uint64_t>(thresholds), 20s,
+                                      compcntr::wait_options{.spin = 0ns});
+    poll_status = static_cast<int>(r.status);
+    poll_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - t0).count();
+  });
+  // Both asleep in the kernel (registered) before the QP exists.
+  while ((s_slot->watch.load() & compcntr::detail::watch_sleepers_mask) == 0 ||
+         (r_slot->watch.load() & compcntr::detail::watch_pollers) == 0)
+    std::this_thread::yield();
+
+  fake_cq cq;
+  fake_qp vq(41);
+  auto w = wrap(dev, &vq, on(cq));
+  attach(w, sends, bits(attach_op::send));
+  attach(w, recvs, bits(attach_op::recv));
+  cq.ok(IBV_WC_SEND, 8);
+  cq.ok(IBV_WC_RECV, 8, 0, 41);
+  waiter.join();
+  poller.join();
+  CHECK(wait_result.load() == 0);
+  CHECK(wait_ms.load() < 10'000);
+  CHECK(poll_status.load() == 0);
+  CHECK(poll_ms.load() < 10'000);
+  CHECK(sends.value() == 1);
+  CHECK(recvs.value() == 1);
+}

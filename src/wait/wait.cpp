@@ -70,11 +70,15 @@ class deadline {
 // The three phases of every wait (modules/wait.cppm, file comment).
 //   check(): progress hook + hardware refresh + test; the first call happens before any clock
 //            read, so an answer found there costs no time stamp.
-//   sleep(rel): register as a sleeper, re-test, futex-wait at most rel (< 0: unbounded),
-//            deregister; returns the re-test's outcome.
-//   bounded: sleeps last at most opts.progress_interval (progress hook or hardware counter).
+//   sleep(rel, slice): register as a sleeper, re-test, futex-wait at most rel (< 0: until the
+//            deadline-free wake-up), or at most `slice` if the wait needs progress driven
+//            (progress hook, hardware counter, device progress sources), deregister; returns
+//            the re-test's outcome. Whether progress is needed is decided after registering,
+//            not once per wait: a device may gain progress sources while the waiter sleeps
+//            (a QP wrapped and attached later), and the attach wakes registered sleepers
+//            (slot::kick) so they re-decide.
 template <class Check, class Sleep>
-outcome run_phases(std::int64_t timeout_ms, const wait_options& o, bool bounded, Check&& check,
+outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check,
                    Sleep&& sleep) noexcept {
   outcome r = check();
   if (r.done) return r;
@@ -116,13 +120,25 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, bool bounded,
   const nanoseconds slice =
       o.progress_interval > std::chrono::microseconds::zero() ? nanoseconds(o.progress_interval)
                                                               : nanoseconds(default_progress_interval);
-  const nanoseconds cap = bounded ? slice : nanoseconds(-1);
   for (;;) {
     const clock::time_point now = clock::now();
     if (dl.passed(now)) return timed_out;
-    if ((r = sleep(dl.next_sleep(now, cap))).done) return r;
+    if ((r = sleep(dl.next_sleep(now, nanoseconds(-1)), slice)).done) return r;
     if ((r = check()).done) return r;
   }
+}
+
+// A sleep of at most `rel` (< 0: no limit), shortened to `slice` when progress must be driven.
+nanoseconds capped(nanoseconds rel, nanoseconds slice, bool needs_progress) noexcept {
+  return needs_progress && (rel.count() < 0 || rel > slice) ? slice : rel;
+}
+
+// Whether a waiter on `s` must wake up to drive progress (besides a hook of its own): the
+// counter is hardware-backed or its device has progress sources (emulated CQs). Called after
+// the waiter registered (seq_cst RMW on watch): pairs with slot::kick()'s fence, so either
+// this sees a source added before the kick or the kick sees the registration.
+bool slot_needs_progress(const slot& s) noexcept {
+  return s.hw != nullptr || !s.owner->progress_sources().empty();
 }
 
 // Where each thread's next poll_any scan starts: just after the index it last returned.
@@ -161,25 +177,26 @@ std::errc wait_slow_since(slot& s, std::uint64_t threshold, std::uint64_t err0,
   // The device's own progress sources (emulated verbs CQs) are driven like a hook: a waiter on
   // a counter fed by a wrapped ibv_qp needs no hook of its own. One relaxed load when none.
   device_core& dev = *s.owner;
-  const bool bounded = o.progress != nullptr || s.hw != nullptr || !dev.progress_sources().empty();
   auto check = [&]() noexcept -> outcome {
     if (o.progress) o.progress(o.progress_ctx);
     dev.progress();
     if (refresh) refresh(s);
     return test();
   };
-  auto sleep = [&](nanoseconds rel) noexcept -> outcome {
+  auto sleep = [&](nanoseconds rel, nanoseconds slice) noexcept -> outcome {
     // Sequence first (acquire), then register (seq_cst RMW), then re-test (seq_cst loads): an
     // update the re-test misses sees the registration and bumps wake_seq after this read, so
     // FUTEX_WAIT either finds the word changed or is woken (compcntr:slot, compcntr:wait).
     const std::uint32_t seq = s.wake_seq.load(std::memory_order_acquire);
     s.watch.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // registration before the checks below
     const outcome r = test();
-    if (!r.done) futex::wait(s.wake_seq, seq, rel);
+    if (!r.done)
+      futex::wait(s.wake_seq, seq, capped(rel, slice, o.progress != nullptr || slot_needs_progress(s)));
     s.watch.fetch_sub(1, std::memory_order_seq_cst);
     return r;
   };
-  return run_phases(timeout_ms, o, bounded, check, sleep).ec;
+  return run_phases(timeout_ms, o, check, sleep).ec;
 }
 
 poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
@@ -244,7 +261,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
   // One futex word for the whole call (w.seq), registered in every slot's extension block:
   // an update of any of them bumps it (compcntr:wait, file comment).
   poll_waiter w;
-  auto sleep = [&](nanoseconds rel) noexcept -> outcome {
+  auto sleep = [&](nanoseconds rel, nanoseconds slice) noexcept -> outcome {
     const std::uint32_t seq = w.seq.load(std::memory_order_acquire);
     bool all_registered = true;
     for (std::size_t i = 0; i < n; ++i) {
@@ -252,11 +269,16 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
       e[i].link.s = e[i].s;
       all_registered &= register_poller(e[i].link);
     }
+    // After registering (see slot_needs_progress): a device that gained progress sources since
+    // the call began is driven by check() from now on.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!any_hw)
+      for (std::size_t i = 0; i < n && !any_hw; ++i) any_hw = slot_needs_progress(*e[i].s);
     const outcome r = test();
     if (!r.done) {
       // A slot without an extension block (no memory) cannot wake us: poll it in slices.
-      const nanoseconds slice = nanoseconds(default_progress_interval);
-      if (!all_registered && (rel.count() < 0 || rel > slice)) rel = slice;
+      if (!all_registered) rel = capped(rel, nanoseconds(default_progress_interval), true);
+      rel = capped(rel, slice, o.progress != nullptr || any_hw);
       // Dekker with notify_ext(): it bumps seq, then loads sleeping; we store sleeping, then
       // load seq. One of the two sees the other, so a bump we miss here comes with a wake.
       w.sleeping.store(1, std::memory_order_seq_cst);
@@ -267,7 +289,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
       if (e[i].link.linked) unregister_poller(e[i].link);
     return r;
   };
-  const outcome r = run_phases(timeout_ms, o, o.progress != nullptr || any_hw, check, sleep);
+  const outcome r = run_phases(timeout_ms, o, check, sleep);
   if (r.ec == std::errc{}) poll_cursor = r.index + 1;
   return {r.ec, r.ec == std::errc::timed_out ? 0 : r.index};
 }
