@@ -65,6 +65,10 @@ command_engine* command_engine::start(std::error_code& ec) noexcept {
     fail_into(ec, err.code().value() ? err.code().value() : EAGAIN,
               "create_cmd_comp: cannot start the command engine thread (%s)", err.what());
     return nullptr;
+  } catch (...) {  // std::bad_alloc: std::thread allocates its state before pthread_create
+    delete e;
+    fail_into(ec, ENOMEM, "create_cmd_comp: out of memory starting the command engine thread");
+    return nullptr;
   }
   return e;
 }

@@ -62,11 +62,12 @@ static_assert(alignof(std::atomic<std::uint64_t>) == alignof(std::uint64_t));
 std::uint64_t* word(std::atomic<std::uint64_t>& a) noexcept { return reinterpret_cast<std::uint64_t*>(&a); }
 
 /// Copies a device-resident counter's values into its slot (the mirror readers look at).
-/// Memory ordering: release stores then notify(), as a software update.
+/// Memory ordering: seq_cst stores then notify()'s seq_cst load of `watch`, as a software set()
+/// (compcntr:slot): a waiter registering at the same time is either seen or sees the values.
 void refresh_mirror(slot& s) noexcept {
   std::uint64_t v = 0;
-  if (compcntr_native::read(native_of(s), &v) == 0) s.value.store(v, std::memory_order_release);
-  if (compcntr_native::read_err(native_of(s), &v) == 0) s.errors.store(v, std::memory_order_release);
+  if (compcntr_native::read(native_of(s), &v) == 0) s.value.store(v, std::memory_order_seq_cst);
+  if (compcntr_native::read_err(native_of(s), &v) == 0) s.errors.store(v, std::memory_order_seq_cst);
   s.notify();
 }
 
