@@ -32,8 +32,9 @@
 // grow it by one arena if the arena budget allows, (3) otherwise take a free slot of another node
 // (the slot reports its real node through slot::numa_node; so does compcntr_comp_cntr_numa_node).
 // The arena budget is ceil(capacity / arena_slots) + nodes - 1 arenas: every node can get an
-// arena of its own, and the memory held never exceeds (capacity + (nodes - 1) * arena_slots) *
-// 128 bytes. Step (3) only happens once that budget is spent; it always finds a slot because the
+// arena of its own, and the address space reserved never exceeds that budget times
+// arena_slots * 128 bytes, i.e. less than (capacity + nodes * arena_slots) * 128 bytes (resident
+// memory follows the slots really used, see "arenas" above). Step (3) only happens once that budget is spent; it always finds a slot because the
 // budget covers `capacity` slots.
 //
 // Requirements: a slot is released exactly once, by the owner that allocated it.
