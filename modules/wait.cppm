@@ -149,6 +149,15 @@ std::errc wait_slow(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
 /// Slow path of compcntr::wait_since: as wait_slow, with the error baseline given.
 std::errc wait_slow_since(slot& s, std::uint64_t threshold, std::uint64_t errors_seen,
                           std::int64_t timeout_ms, const wait_options& opts) noexcept;
+/// wait_slow_since with a wrap-aware goal: done when ((value - base) & mask) >= need, i.e. the
+/// counter moved at least `need` past `base` modulo mask + 1 (mask = the counter's max_value,
+/// 2^k - 1), even if it wrapped on the way. For callers that count modulo the counter's range
+/// (the credit tracker); need <= mask / 2 keeps "moved backwards" (a set() below base) apart
+/// from "moved forwards", but a move backwards also ends the wait (the caller re-checks).
+/// wait_slow_since is this with base 0, mask all ones, need = threshold.
+std::errc wait_slow_distance(slot& s, std::uint64_t base, std::uint64_t need, std::uint64_t mask,
+                             std::uint64_t errors_seen, std::int64_t timeout_ms,
+                             const wait_options& opts) noexcept;
 /// compcntr::poll_any over any list of slots (src/wait/poll.cpp).
 poll_result poll_slots(const slot_list& slots, const std::uint64_t* thresholds,
                        std::int64_t timeout_ms, const wait_options& opts) noexcept;

@@ -10,7 +10,6 @@ module;
 #include <new>
 #include <span>
 #include <system_error>
-#include <thread>
 module compcntr;
 
 namespace compcntr {
@@ -19,16 +18,12 @@ namespace {
 using clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// A waiter whose threshold lies past max_value polls, this long between checks once it has
-// backed off, until the counter wraps (see wait_for_more). That happens once per max_value + 1
-// completions (2^64 on the software device), so a short wake-up latency matters more than the
-// CPU: 1 ms is the wait layer's default progress interval.
-constexpr milliseconds wrap_poll{1};
-
 // The caller's timeout over several waits. The clock is read only when a wait is needed.
 class budget {
  public:
-  explicit budget(std::int64_t ms) noexcept : ms_(ms) {}
+  // Timeouts above 2^40 ms (~34.8 years) are forever, as in compcntr::wait: now + ms in
+  // steady_clock's int64 nanoseconds would overflow for the largest ones.
+  explicit budget(std::int64_t ms) noexcept : ms_(ms > (std::int64_t{1} << 40) ? -1 : ms) {}
   // The timeout of the next wait: what is left of the caller's, rounded up to whole ms so the
   // call never times out early (wait_forever if it has none).
   milliseconds next() noexcept {
@@ -51,34 +46,18 @@ class budget {
 };
 
 // One wait of acquire() or flush() for `need` more completions after the completion count
-// `value` (the error count staying `err0`). Sets `last` when the caller's timeout has passed:
-// the check after this wait is then the last one. Returns invalid_argument only for an empty
-// counter.
+// `value` (the error count staying `err0`), counted modulo the counter's range: a counter that
+// wraps past max_value on the way (or jumps over the goal and wraps, a multi-credit release)
+// still ends the wait. Sets `last` when the caller's timeout has passed: the check after this
+// wait is then the last one. Returns invalid_argument only for an empty counter.
 std::errc wait_for_more(const counter& c, std::uint64_t value, std::uint64_t need,
-                        std::uint64_t err0, std::uint64_t mask, budget& b, backoff& wrap_backoff,
-                        const wait_options& o, bool& last) noexcept {
-  if (need <= mask - value) {
-    const std::errc w = wait_since(c, value + need, err0, b.next(), o);
-    last = w == std::errc::timed_out && b.expired();
-    return w;
-  }
-  // The threshold lies past max_value. wait() compares with plain >= (wait.md: thresholds are
-  // not wrap-aware), so no threshold means "after the wrap" (and with max_value 2^64 - 1 every
-  // threshold is met by a counter sitting at max_value). Poll instead, driving progress as a
-  // wait would: back off, then sleep wrap_poll at a time, until the counter wraps.
-  if (o.progress) o.progress(o.progress_ctx);
-  progress(c);
-  const milliseconds t = b.next();
-  if (t == milliseconds(0)) {
-    last = true;
-    return std::errc::timed_out;
-  }
-  if (!wrap_backoff.is_completed())
-    wrap_backoff.snooze();
-  else
-    std::this_thread::sleep_for(t < milliseconds(0) || t > wrap_poll ? wrap_poll : t);
-  last = b.expired();
-  return std::errc{};
+                        std::uint64_t err0, std::uint64_t mask, budget& b, const wait_options& o,
+                        bool& last) noexcept {
+  detail::slot* s = c.native_slot();
+  if (s == nullptr) [[unlikely]] return detail::wait_on_empty();
+  const std::errc w = detail::wait_slow_distance(*s, value, need, mask, err0, b.next().count(), o);
+  last = w == std::errc::timed_out && b.expired();
+  return w;
 }
 
 std::errc inconsistent(const char* call, std::uint32_t peer, std::uint64_t issued,
@@ -204,7 +183,6 @@ std::errc credit_tracker::acquire_slow(std::uint32_t peer, std::uint64_t n,
   // and the wait's own start.
   const std::uint64_t err0 = r.errors;
   budget b(timeout_ms);
-  backoff wrap_backoff;
   bool errors_changed = false;
   for (bool last = false;;) {
     if (r.result == detail::credit_check::taken) return std::errc{};
@@ -218,7 +196,7 @@ std::errc credit_tracker::acquire_slow(std::uint32_t peer, std::uint64_t n,
     // n more credits are free once `need` more operations completed, errors staying err0.
     const std::uint64_t need = r.outstanding + n - credits_;  // >= 1, no overflow
     const std::errc w =
-        wait_for_more(*p.c, r.value, need, err0, mask_, b, wrap_backoff, opts, last);
+        wait_for_more(*p.c, r.value, need, err0, mask_, b, opts, last);
     if (w == std::errc::invalid_argument) return w;  // an empty counter (misuse)
     errors_changed = w == std::errc::io_error;
     r = try_take(p, n);
@@ -271,7 +249,6 @@ std::errc credit_tracker::flush(std::uint32_t peer, std::chrono::milliseconds ti
   std::uint64_t e = p.c->errors();
   const std::uint64_t err0 = e;
   budget b(timeout.count());
-  backoff wrap_backoff;
   bool errors_changed = false;
   for (bool last = false;;) {
     // Operations still to complete, counted from the target; "negative" (above half the range)
@@ -280,7 +257,7 @@ std::errc credit_tracker::flush(std::uint32_t peer, std::chrono::milliseconds ti
     if (rem == 0 || rem > (mask_ >> 1)) return std::errc{};
     if (errors_changed || e != err0) return std::errc::io_error;
     if (last) return std::errc::timed_out;
-    const std::errc w = wait_for_more(*p.c, v, rem, err0, mask_, b, wrap_backoff, opts, last);
+    const std::errc w = wait_for_more(*p.c, v, rem, err0, mask_, b, opts, last);
     if (w == std::errc::invalid_argument) return w;
     errors_changed = w == std::errc::io_error;
     v = p.c->value();

@@ -382,8 +382,9 @@ TEST_CASE("credits: adopt starts from the counters' counts; wrap-around past 2^6
   CHECK(w1.join() == 0);
   CHECK(tr.outstanding(0) == 2);
 
-  // The next threshold lies past UINT64_MAX: the waiter polls in slices until the wrap.
-  waiter w2([&] { return tr.acquire(0, 1, compcntr::wait_forever); });
+  // The next threshold lies past UINT64_MAX: the wait's goal is a distance modulo 2^64, so
+  // the wrap itself ends it (an ordinary sleep, no polling).
+  waiter w2([&] { return tr.acquire(0, 1, compcntr::wait_forever, sleep_at_once()); });
   REQUIRE(w2.blocked());
   c.add(1);                                     // value wraps to 0
   CHECK(w2.join() == 0);
@@ -404,6 +405,64 @@ TEST_CASE("credits: adopt starts from the counters' counts; wrap-around past 2^6
   c.add_error(2);                               // value + errors wraps
   CHECK(tr2.outstanding(0) == 1);
   CHECK(tr2.try_acquire(0, 2) == errc{});
+}
+
+// Review finding (2026-11-30): the waits compared the counter with an absolute threshold, so a
+// counter that jumped over it and wrapped (a multi-credit release, a mirror refreshed by several
+// at once) left acquirers and flushers asleep with their credits free. The waits have a 20 s
+// timeout; without the fix they last all of it, so the 10 s bound is a generous failure guard.
+TEST_CASE("credits: a counter that jumps over the goal and wraps wakes acquirers and flushers") {
+  using clock = std::chrono::steady_clock;
+  auto dev = open_soft();
+  auto c = make_counter(dev);
+  compcntr::counter* p[] = {&c};
+  std::error_code ec;
+
+  SUBCASE("acquire") {
+    c.set(UINT64_MAX - 5);
+    auto tr = credit_tracker::adopt(dev, p, 4, ec);
+    REQUIRE_FALSE(ec);
+    REQUIRE(tr.acquire(0, 4, 0ms) == errc{});  // issued 2^64 - 2, 4 outstanding
+    const auto t0 = clock::now();
+    waiter w([&] { return tr.acquire(0, 4, 20s, sleep_at_once()); });
+    REQUIRE(w.blocked());
+    c.add(3);                                  // 1 outstanding: w waits for the value 2^64 - 2
+    REQUIRE(tr.acquire(0, 3, 0ms) == errc{});  // issued wraps to 1
+    REQUIRE(tr.release(0, 4) == errc{});       // the value jumps from 2^64 - 3 to 1
+    CHECK(w.join() == 0);
+    CHECK(clock::now() - t0 < 10s);
+    CHECK(tr.outstanding(0) == 4);
+  }
+  SUBCASE("flush") {
+    c.set(UINT64_MAX - 5);
+    auto tr = credit_tracker::adopt(dev, p, 4, ec);
+    REQUIRE_FALSE(ec);
+    REQUIRE(tr.acquire(0, 4, 0ms) == errc{});  // flush target: 2^64 - 2
+    const auto t0 = clock::now();
+    waiter w([&] { return tr.flush(0, 20s, sleep_at_once()); });
+    REQUIRE(w.blocked());
+    c.add(2);                                  // 2 to go: w waits for the value 2^64 - 2
+    REQUIRE(tr.acquire(0, 2, 0ms) == errc{});  // issued wraps to 0
+    REQUIRE(tr.release(0, 4) == errc{});       // the value jumps from 2^64 - 4 to 0
+    CHECK(w.join() == 0);
+    CHECK(clock::now() - t0 < 10s);
+    CHECK(tr.outstanding(0) == 0);
+  }
+}
+
+// Review finding (2026-11-30): a finite timeout too large for steady_clock's nanoseconds
+// overflowed and timed out at once. Above 2^40 ms it is forever, as in compcntr::wait.
+TEST_CASE("credits: the largest finite timeouts wait (they are forever)") {
+  adopted a(1, 1);
+  REQUIRE(a.tr.acquire(0, 1, 0ms) == errc{});
+  waiter w([&] { return a.tr.acquire(0, 1, std::chrono::milliseconds::max(), sleep_at_once()); });
+  REQUIRE(w.blocked());
+  a.c[0].add(1);
+  CHECK(w.join() == 0);
+  waiter f([&] { return a.tr.flush(0, std::chrono::milliseconds::max(), sleep_at_once()); });
+  REQUIRE(f.blocked());
+  a.c[0].add(1);
+  CHECK(f.join() == 0);
 }
 
 namespace {

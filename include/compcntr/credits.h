@@ -21,6 +21,9 @@ extern "C" {
 #endif
 
 struct compcntr_credits; /* opaque */
+/* Declared here too: with <compcntr/wait.h> included first, this header is read before
+ * wait.h's body, and the _ex prototypes need the tag at file scope. */
+struct compcntr_wait_attr;
 
 /* A tracker with npeers peers of credits_per_peer credits each, and one new WRS counter per
  * peer on dev. NULL + errno: EINVAL (NULL dev, npeers == 0, credits_per_peer == 0 or above a

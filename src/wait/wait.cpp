@@ -167,10 +167,16 @@ std::errc wait_slow(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
 
 std::errc wait_slow_since(slot& s, std::uint64_t threshold, std::uint64_t err0,
                           std::int64_t timeout_ms, const wait_options& o) noexcept {
+  return wait_slow_distance(s, 0, threshold, ~std::uint64_t{0}, err0, timeout_ms, o);
+}
+
+std::errc wait_slow_distance(slot& s, std::uint64_t base, std::uint64_t need, std::uint64_t mask,
+                             std::uint64_t err0, std::int64_t timeout_ms,
+                             const wait_options& o) noexcept {
   void (*const refresh)(slot&) noexcept = s.hw != nullptr ? s.hw->refresh : nullptr;
 
   auto test = [&]() noexcept -> outcome {
-    if (s.value.load(std::memory_order_seq_cst) >= threshold) return {true, std::errc{}, 0};
+    if (((s.value.load(std::memory_order_seq_cst) - base) & mask) >= need) return {true, std::errc{}, 0};
     if (s.errors.load(std::memory_order_seq_cst) != err0) return {true, std::errc::io_error, 0};
     return pending;
   };
