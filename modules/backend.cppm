@@ -121,10 +121,28 @@ class progress_registry {
   /// Blocks while a progress() call runs.
   inline std::unique_lock<std::mutex> lock() noexcept { return std::unique_lock<std::mutex>(mu_); }
   inline bool empty() const noexcept { return count_.load(std::memory_order_relaxed) == 0; }
+  /// Remembers that a source for `key` (e.g. a CQ) was removed while it may still hold work of
+  /// producers that are gone: a source made later for the same key must not take everything
+  /// in it to be its own. Best effort (nothing is remembered if memory runs out). Call with
+  /// lock() held.
+  inline void retire_locked(const void* key) noexcept {
+    if (retired_locked(key)) return;
+    try {
+      retired_.push_back(key);
+    } catch (...) {
+    }
+  }
+  /// Whether retire_locked(key) was called. Call with lock() held.
+  inline bool retired_locked(const void* key) const noexcept {
+    for (const void* k : retired_)
+      if (k == key) return true;
+    return false;
+  }
 
  private:
   std::mutex mu_;
   std::vector<progress_source*> sources_;
+  std::vector<const void*> retired_;
   std::atomic<std::size_t> count_{0};
 };
 

@@ -617,3 +617,92 @@ TEST_CASE("a waiter asleep before its counter was attached to a wrapped QP drive
   CHECK(sends.value() == 1);
   CHECK(recvs.value() == 1);
 }
+
+// Review findings (2026-11-30) on the CQ emulation.
+TEST_CASE("completions left in a CQ by a destroyed wrapper are not charged to the next one") {
+  auto dev = open_soft();
+  fake_cq cq;
+  fake_qp a(61), b(62);
+  auto wa = wrap(dev, &a, on(cq));
+  auto ca = make_counter(dev);
+  attach(wa, ca, bits(attach_op::send));
+  cq.ok(IBV_WC_SEND, 0, 0, 61);
+  cq.ok(IBV_WC_SEND, 0, 0, 61);
+  wa.reset();                        // A's two completions were still in the CQ: dropped
+  CHECK(ca.value() == 0);
+  cq.ok(IBV_WC_SEND, 0, 0, 61);      // one of A's, arriving late
+  auto wb = wrap(dev, &b, on(cq));
+  auto cb = make_counter(dev);
+  attach(wb, cb, bits(attach_op::send));
+  cq.ok(IBV_WC_SEND, 0, 0, 62);
+  dev.progress();
+  CHECK(cb.value() == 1);            // B's own completion only (the late one is routed by qp_num)
+  CHECK(ca.value() == 0);
+  {
+    std::lock_guard g(cq.mu);
+    CHECK(cq.pending.empty());
+  }
+}
+
+TEST_CASE("a CQ is drained by one device, an ibv_qp is wrapped once in the process") {
+  auto d1 = open_soft(), d2 = open_soft();
+  fake_cq cq, other;
+  fake_qp a(71), b(72);
+  auto wa = wrap(d1, &a, on(cq));
+  std::error_code ec;
+  auto again = d2.wrap_verbs_qp(&a, on(other), ec);   // the same ibv_qp on another device
+  CHECK(ec == std::errc::device_or_resource_busy);
+  CHECK(!again);
+  auto wb = d2.wrap_verbs_qp(&b, on(cq), ec);         // another QP on the CQ d1 drains
+  CHECK(ec == std::errc::device_or_resource_busy);
+  CHECK(!wb);
+  CHECK(std::string(compcntr::last_error_message()).find("another compcntr device") != std::string::npos);
+  // Refused: nothing registered on d2, d1 unchanged.
+  auto ca = make_counter(d1);
+  attach(wa, ca, bits(attach_op::send));
+  cq.ok(IBV_WC_SEND, 0, 0, 71);
+  CHECK(d2.progress() == 0);
+  CHECK(d1.progress() == 1);
+  CHECK(ca.value() == 1);
+  // Once d1 lets go of the CQ, d2 may drain it.
+  wa.reset();
+  wb = wrap(d2, &b, on(cq));
+  auto cb = make_counter(d2);
+  attach(wb, cb, bits(attach_op::send));
+  cq.ok(IBV_WC_SEND, 0, 0, 72);
+  CHECK(d2.progress() == 1);
+  CHECK(cb.value() == 1);
+}
+
+TEST_CASE("an error on a CQ without the QP's receives is never a RECV error") {
+  auto dev = open_soft();
+  fake_cq scq, rcq;
+  fake_qp vq(81);
+  auto w = wrap(dev, &vq, on(scq, &rcq));
+  auto r = make_counter(dev), wr = make_counter(dev);
+  attach(w, r, bits(attach_op::recv));
+  attach(w, wr, bits(attach_op::rdma_write));
+  scq.error();                       // a failed RDMA write on the send CQ, no wr_info
+  rcq.error();                       // a failed receive on the receive CQ
+  dev.progress();
+  CHECK(r.errors() == 1);
+  CHECK(wr.errors() == 1);
+}
+
+TEST_CASE("sharing a CQ that cannot read qp_num is refused and changes nothing") {
+  auto dev = open_soft();
+  fake_cq cq(true, false);           // created without IBV_WC_EX_WITH_QP_NUM
+  fake_qp a(91), b(92);
+  auto wa = wrap(dev, &a, on(cq));
+  std::error_code ec;
+  auto wb = dev.wrap_verbs_qp(&b, on(cq), ec);
+  CHECK(ec == std::errc::invalid_argument);
+  CHECK(!wb);
+  auto ca = make_counter(dev);
+  attach(wa, ca, bits(attach_op::send));
+  cq.ok(IBV_WC_SEND, 0, 0, 0);
+  CHECK(dev.progress() == 1);        // still A's CQ alone: no qp_num read (it would crash)
+  CHECK(ca.value() == 1);
+  wb = dev.wrap_verbs_qp(&b, on(cq), ec);   // b was not left half-registered
+  CHECK(ec == std::errc::invalid_argument);
+}

@@ -22,7 +22,13 @@
 //     told by the CQE's qp_num, from the moment a second wrapped QP uses the CQ on); a CQ that
 //     only ever had one wrapped QP is taken to carry only its completions.
 //     Completions of QPs compcntr does not know (e.g. destroyed wrappers) are consumed and
-//     dropped: a CQ given to compcntr is compcntr's to drain.
+//     dropped: a CQ given to compcntr is compcntr's to drain. When the last wrapped QP of a CQ
+//     is destroyed, what the CQ holds is drained and dropped; completions of those QPs that
+//     arrive later are told apart by a later wrapper on that CQ (on the same device), which
+//     routes by qp_num (when the CQ can read it) instead of taking everything to be its own.
+//   * one owner per ibv_qp and per CQ in the process: an ibv_qp is wrapped once (on any
+//     device), and a CQ is drained by one device (wrapping a QP whose CQ another device drains
+//     is EBUSY), so one thread at a time polls it under that device's registry lock.
 module;
 #include "compcntr_config.h"
 #include <algorithm>
@@ -34,6 +40,8 @@ module;
 #include <mutex>
 #include <new>
 #include <system_error>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 #if COMPCNTR_HAVE_VERBS
 #include <infiniband/verbs.h>
@@ -56,6 +64,18 @@ constexpr std::size_t max_batch = 1024;
 
 class verbs_qp;
 
+/// Who drains which CQ and which ibv_qps are wrapped, across every device of the process.
+/// Guarded by `mu`; taken after a device's registry lock (wrap, shutdown), never before it.
+struct wrap_table {
+  std::mutex mu;
+  std::unordered_map<const ibv_cq_ex*, const device_core*> cq_owner;  ///< device draining it
+  std::unordered_set<const ibv_qp*> qps;                               ///< wrapped ibv_qps
+};
+wrap_table& wraps() noexcept {
+  static wrap_table t;  // constructed on first use (no allocation until then)
+  return t;
+}
+
 /// One CQ drained for the wrapped QPs that complete into it.
 class cq_source final : public progress_source {
  public:
@@ -66,6 +86,9 @@ class cq_source final : public progress_source {
   };
   explicit cq_source(ibv_cq_ex* cq) noexcept : cq(cq) {}
   std::size_t poll() noexcept override;
+  /// Consumes and drops everything the CQ holds now (its last wrapped QP is going: what is left
+  /// belongs to nobody compcntr knows, and must not be charged to a later wrapper).
+  void discard() noexcept;
 
   ibv_cq_ex* const cq;
   std::vector<user> users;  ///< guarded by the device's progress registry lock
@@ -133,15 +156,17 @@ class verbs_qp final : public qp_impl {
  private:
   std::uint32_t error_op(const cq_source::user& u, std::uint64_t wr_id) const noexcept {
     if (u.recvs && !u.sends) return bit(attach_op::recv);
+    // The ops this CQ can carry for the QP: a CQ without its receives never holds a RECV.
+    const std::uint32_t possible = u.recvs ? local_ops : local_ops & ~bit(attach_op::recv);
     if (opts_.wr_info) {
       std::uint32_t op = 0;
       std::uint64_t len = 0;
       if (opts_.wr_info(opts_.wr_info_ctx, wr_id, &op, &len) == 0 && std::has_single_bit(op) &&
-          (op & local_ops) != 0)
+          (op & possible) != 0)
         return op;
     }
     for (attach_op op : {attach_op::send, attach_op::recv, attach_op::rdma_read, attach_op::rdma_write})
-      if (served(op) != nullptr) return bit(op);
+      if ((bit(op) & possible) != 0 && served(op) != nullptr) return bit(op);
     return 0;
   }
 
@@ -162,8 +187,24 @@ class verbs_qp final : public qp_impl {
       if (src->users.empty()) gone.push_back(src);
     }
     for (progress_source* p : gone) {
+      // What the CQ holds now is dropped; completions still in flight for the QPs that used it
+      // may arrive later: a later wrapper on it (on this device) routes by qp_num (add_user).
+      static_cast<cq_source*>(p)->discard();
+      reg.retire_locked(static_cast<cq_source*>(p)->cq);
       reg.remove_locked(*p);
       delete p;
+    }
+    // This device no longer drains a CQ none of its sources uses (also after a wrap that failed
+    // half-way).
+    wrap_table& t = wraps();
+    std::lock_guard g(t.mu);
+    t.qps.erase(q_);
+    for (ibv_cq_ex* cq : {opts_.send_cq, opts_.recv_cq ? opts_.recv_cq : opts_.send_cq}) {
+      bool used = false;
+      for (progress_source* p : reg.sources_locked())
+        if (auto* src = dynamic_cast<cq_source*>(p); src && src->cq == cq) used = true;
+      auto it = t.cq_owner.find(cq);
+      if (!used && it != t.cq_owner.end() && it->second == &device()) t.cq_owner.erase(it);
     }
   }
 
@@ -184,6 +225,14 @@ void cq_source::consume() noexcept {
   if (u) u->qp->on_completion(*u, cq);
 }
 
+void cq_source::discard() noexcept {
+  ibv_poll_cq_attr attr{};
+  if (ibv_start_poll(cq, &attr) != 0) return;
+  while (ibv_next_poll(cq) == 0) {
+  }
+  ibv_end_poll(cq);
+}
+
 std::size_t cq_source::poll() noexcept {
   ibv_poll_cq_attr attr{};
   if (ibv_start_poll(cq, &attr) != 0) return 0;  // ENOENT: nothing there (or a CQ error)
@@ -202,9 +251,16 @@ std::error_code add_user(progress_registry& reg, ibv_cq_ex* cq, const cq_source:
   for (progress_source* p : reg.sources_locked())
     if (auto* s = dynamic_cast<cq_source*>(p); s && s->cq == cq) src = s;
   const bool fresh = src == nullptr;
+  if (!fresh && !src->shared && cq->read_qp_num == nullptr)
+    return fail(EINVAL, "wrap_verbs_qp: ibv_qp %u would share a CQ with another wrapped QP, but "
+                "the CQ was not created with IBV_WC_EX_WITH_QP_NUM (its entries could not be "
+                "told apart)", u.qp->verbs()->qp_num);
   if (fresh) {
     src = new (std::nothrow) cq_source(cq);
     if (!src) return fail(ENOMEM, "wrap_verbs_qp: out of memory");
+    // Leftovers of earlier wrapped QPs are told apart by qp_num when the CQ can read it;
+    // without it they are taken to be this QP's (the application drained the CQ, or accepts).
+    src->shared = reg.retired_locked(cq) && cq->read_qp_num != nullptr;
   }
   try {
     src->users.push_back(u);
@@ -246,16 +302,31 @@ qp_impl* wrap_verbs_qp(device_core& dev, ibv_qp* vqp, const verbs_qp_options& op
   ibv_cq_ex* recv_cq = opts.recv_cq ? opts.recv_cq : opts.send_cq;
   progress_registry& reg = dev.progress_sources();
   auto lk = reg.lock();
-  for (progress_source* p : reg.sources_locked())
-    if (auto* s = dynamic_cast<cq_source*>(p))
-      for (const cq_source::user& u : s->users)
-        if (u.qp->verbs() == vqp)
-          return fail_into(ec, EBUSY, "wrap_verbs_qp: ibv_qp %u is already wrapped", vqp->qp_num),
-                 nullptr;
+  wrap_table& t = wraps();
+  std::unique_lock glk(t.mu);
+  if (t.qps.contains(vqp))
+    return fail_into(ec, EBUSY, "wrap_verbs_qp: ibv_qp %u is already wrapped (on this or another "
+                     "compcntr device)", vqp->qp_num),
+           nullptr;
+  ibv_cq_ex* const cqs[2] = {opts.send_cq, recv_cq};
+  for (int i = 0; i < 2; ++i)
+    if (auto it = t.cq_owner.find(cqs[i]); it != t.cq_owner.end() && it->second != &dev)
+      return fail_into(ec, EBUSY, "wrap_verbs_qp: ibv_qp %u's %s CQ is drained by another compcntr "
+                       "device (a CQ is drained by one device)", vqp->qp_num,
+                       i == 0 ? "send" : "receive"),
+             nullptr;
   auto* q = new (std::nothrow) verbs_qp(dev, vqp, opts, false);
   if (!q) return fail_into(ec, ENOMEM, "wrap_verbs_qp: out of memory"), nullptr;
-  std::error_code e = add_user(reg, opts.send_cq, {q, true, recv_cq == opts.send_cq});
+  std::error_code e;
+  try {
+    t.qps.insert(vqp);
+    for (ibv_cq_ex* cq : cqs) t.cq_owner[cq] = &dev;
+  } catch (...) {
+    e = fail(ENOMEM, "wrap_verbs_qp: out of memory");
+  }
+  if (!e) e = add_user(reg, opts.send_cq, {q, true, recv_cq == opts.send_cq});
   if (!e && recv_cq != opts.send_cq) e = add_user(reg, recv_cq, {q, false, true});
+  glk.unlock();
   lk.unlock();
   if (e) {
     q->destroy();  // unregisters what was registered
