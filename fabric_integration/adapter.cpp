@@ -57,7 +57,10 @@ int cntr_set(fid_cntr* c, uint64_t value) { return -compcntr_set_comp_cntr(of(c)
 int cntr_adderr(fid_cntr* c, uint64_t value) { return -compcntr_inc_err_comp_cntr(of(c)->cc, value); }
 int cntr_seterr(fid_cntr* c, uint64_t value) { return -compcntr_set_err_comp_cntr(of(c)->cc, value); }
 
-void drive_hook(void* ctx) noexcept { static_cast<adapter*>(ctx)->drive(); }
+void drive_hook(void* ctx) noexcept {
+  adapter* a = static_cast<adapter*>(ctx);
+  if (a->sources_n.load(std::memory_order_relaxed) != 0) a->drive();  // nothing bound: no lock
+}
 void yield_hook(void* ctx) noexcept {
   static_cast<adapter*>(ctx)->drive();
   sched_yield();
@@ -81,11 +84,16 @@ int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
       wa.progress_ctx = a;
       break;
     default:
-      // A hook makes the waiter sleep in progress_interval slices, so only set it when there
-      // is something to drive.
-      if (a->sources_n.load(std::memory_order_relaxed) != 0) {
-        wa.progress = drive_hook;
-        wa.progress_ctx = a;
+      // The hook drives the bridges bound to the counter; it makes the waiter sleep in
+      // progress_interval slices (1 ms). With no bridge bound yet it has nothing to do, but a
+      // bridge bound during the wait must still be driven: then the slices are 50 ms (as
+      // libfabric's util wait), so an idle waiter wakes 20 times a second and a late bind is
+      // noticed within 50 ms.
+      wa.progress = drive_hook;
+      wa.progress_ctx = a;
+      if (a->sources_n.load(std::memory_order_relaxed) == 0) {
+        wa.comp_mask |= COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL;
+        wa.progress_interval_us = 50'000;
       }
       break;
   }

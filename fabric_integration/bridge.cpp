@@ -296,10 +296,15 @@ int compcntr_fi_bridge_bind(struct compcntr_fi_bridge* br, struct compcntr_comp_
 
 ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge* br) {
   if (br == nullptr) return -fail(EINVAL, "compcntr_fi_bridge_progress: br is NULL");
-  if (br->context_format.load(std::memory_order_relaxed))
+  auto context_refused = [] {
     return -fail(EOPNOTSUPP, "compcntr_fi_bridge_progress: the CQ has FI_CQ_FORMAT_CONTEXT entries (no flags)");
+  };
+  if (br->context_format.load(std::memory_order_relaxed)) return context_refused();
   drain_guard g(br);
   if (!g.held) return 0;  // another thread is draining: its entries are counted by it
+  // Again under the drain lock: the drainer that found the CONTEXT entry may have set the flag
+  // and let go between the check above and our lock; read nothing more then.
+  if (br->context_format.load(std::memory_order_relaxed)) return context_refused();
 
   tally t;
   ssize_t consumed = 0, error = 0;
@@ -342,7 +347,9 @@ ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge* br) {
           br->context_format.store(true, std::memory_order_relaxed);
           error = -fail(EOPNOTSUPP, "compcntr_fi_bridge_progress: the CQ has FI_CQ_FORMAT_CONTEXT entries "
                                     "(no flags); one entry was consumed and not counted");
-          return error;
+          // Entries consumed before it (error entries read with fi_cq_readerr) are reported
+          // as usual; the next call returns the error.
+          return consumed > 1 ? consumed : error;
         }
         t.ok(br, flags, load_u64(br->buf + len_at));
       } else if (n == -FI_EAVAIL) {

@@ -6,6 +6,7 @@
 
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -19,6 +20,7 @@
 
 #include <doctest/doctest.h>
 
+#include "blocked.hpp"
 #include "fabric_fixture.hpp"
 
 using namespace std::chrono;
@@ -444,4 +446,42 @@ TEST_CASE("adapter counters bound to bridges: fi_cntr_read and fi_cntr_wait driv
   CHECK(compcntr_fi_bridge_close(ba) == 0);
   CHECK(compcntr_fi_bridge_close(bb) == 0);
   for (fid_cntr* c : {sent, recvd, rbytes}) CHECK(fi_close(&c->fid) == 0);
+}
+
+// Review finding (2026-11-30): a wait that began before any bridge was bound had no progress
+// hook and slept on the counter alone; a bridge bound during the wait was never driven, so the
+// wait lasted its whole timeout (or forever). The wait below has a 20 s timeout; 10 s is a
+// generous failure bound. Only the waiter drives A's CQ (the pump below drives B's).
+TEST_CASE("fi_cntr_wait begun before its counter was bound to a bridge drives that bridge") {
+  soft s;
+  auto e = any_provider(false);
+  if (!e) return;
+  INFO("provider ", e->provider);
+  fid_cntr* sent = open_cntr(s.dev, FI_WAIT_UNSPEC);
+  compcntr_fi_bridge* ba = compcntr_fi_bridge_open(e->a.cq);
+  compcntr_fi_bridge* bb = compcntr_fi_bridge_open(e->b.cq);
+  REQUIRE(ba);
+  REQUIRE(bb);
+  std::atomic<pid_t> tid{0};
+  std::atomic<int> rc{1};
+  const auto t0 = steady_clock::now();
+  std::thread w([&] {
+    tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    rc = fi_cntr_wait(sent, 1, 20000);
+  });
+  REQUIRE(eventually_blocked(tid));  // asleep, with nothing bound
+  REQUIRE(compcntr_fi_bridge_bind(ba, compcntr_fi_cntr_comp_cntr(sent), FI_SEND) == 0);
+  auto pump_b = [&] { compcntr_fi_bridge_progress(bb); };
+  REQUIRE(fabtest::post([&] { return fi_recv(e->b.ep, e->b.buf, 64, e->b.desc, e->a.addr, e->ctx()); },
+                        pump_b) == 0);
+  REQUIRE(fabtest::post([&] { return fi_send(e->a.ep, e->a.buf, 8, e->a.desc, e->b.addr, e->ctx()); },
+                        pump_b) == 0);
+  CHECK(fabtest::until([&] { return rc.load() != 1; }, pump_b));
+  w.join();
+  CHECK(rc.load() == 0);
+  CHECK(steady_clock::now() - t0 < seconds(10));
+  CHECK(fi_cntr_read(sent) == 1);
+  CHECK(compcntr_fi_bridge_close(ba) == 0);
+  CHECK(compcntr_fi_bridge_close(bb) == 0);
+  CHECK(fi_close(&sent->fid) == 0);
 }
