@@ -25,9 +25,18 @@ struct compcntr_device* compcntr_open_device(const char* name) {
   std::error_code ec;
   compcntr::device dev = compcntr::device::open(name ? name : "auto", ec);
   if (ec) return fail_null<compcntr_device>(ec);
-  auto* d = new (std::nothrow) compcntr_device{std::move(dev), {}};
-  if (!d) return fail_null<compcntr_device>(compcntr::detail::fail(ENOMEM, "open_device: out of memory"));
-  d->name = d->dev.name();
+  compcntr_device* d = nullptr;
+  try {
+    d = new compcntr_device{std::move(dev), {}};
+    d->name = d->dev.name();
+  } catch (...) {  // std::bad_alloc (the name is copied): nothing is left open
+    if (d) {
+      std::error_code ignored;
+      d->dev.close(ignored);
+      delete d;
+    }
+    return fail_null<compcntr_device>(compcntr::detail::fail(ENOMEM, "open_device: out of memory"));
+  }
   return d;
 }
 
