@@ -33,7 +33,9 @@ struct compcntr_verbs_qp_attr {
 	/* Optional: the op (one COMPCNTR_QP_ATTACH_COMP_CNTR_OP_ bit: SEND, RECV, RDMA_READ or
 	 * RDMA_WRITE) and length of a work request of this QP, from its wr_id; return 0 if known.
 	 * Used to charge error completions (their opcode is undefined in verbs) and for the length of
-	 * send-queue completions. */
+	 * send-queue completions. It runs inside compcntr_progress() with the device's progress lock
+	 * held and the CQ mid-poll: it must not call compcntr_progress or wait on this device's
+	 * counters, wrap or destroy QPs of this device, or poll the CQ. */
 	int (*wr_info)(void *ctx, uint64_t wr_id, uint32_t *op, uint64_t *length);
 	void *wr_info_ctx;
 };
