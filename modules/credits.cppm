@@ -37,10 +37,9 @@
 //
 // Wrap-around: every difference is taken modulo max_value + 1 of the device (2^64 on the
 // software device), so issued and completed may wrap freely: outstanding stays exact while it
-// is below half that range (credits_per_peer is limited to a quarter of it). A waiter whose
-// threshold lies past max_value (compcntr::wait compares with plain >=, so it cannot wait for
-// it) polls instead (progress, back off, then 1 ms sleeps) until the counter wraps: for at most
-// credits_per_peer completions once per 2^64 on the software device.
+// is below half that range (credits_per_peer is limited to a quarter of it). Waiters wait on a
+// distance modulo that range (detail::wait_slow_distance: "n more than the value I saw"), so a
+// counter that wraps on the way, or jumps over the goal and wraps, still wakes them.
 //
 // Memory ordering:
 //   * acquire success: the counter is read with acquire loads before the CAS on issued, so
