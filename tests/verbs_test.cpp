@@ -706,3 +706,43 @@ TEST_CASE("sharing a CQ that cannot read qp_num is refused and changes nothing")
   wb = dev.wrap_verbs_qp(&b, on(cq), ec);   // b was not left half-registered
   CHECK(ec == std::errc::invalid_argument);
 }
+
+// Second review (2026-11-30) of the fixes above.
+TEST_CASE("a refused wrap leaves the application's other CQ untouched") {
+  auto dev = open_soft();
+  fake_cq as, x;
+  fake_cq y(true, false);            // receive CQ without qp_num: cannot be shared
+  fake_qp a(101), b(102);
+  auto wa = wrap(dev, &a, on(as, &y));
+  x.ok(IBV_WC_SEND, 0, 0, 7);        // an entry of some QP of the application's, on X
+  std::error_code ec;
+  auto wb = dev.wrap_verbs_qp(&b, on(x, &y), ec);   // X is new, Y would be shared: refused
+  CHECK(ec == std::errc::invalid_argument);
+  CHECK(!wb);
+  std::lock_guard g(x.mu);
+  CHECK(x.pending.size() == 1);      // not drained by the refused wrap's cleanup
+}
+
+TEST_CASE("a hook paced slowly does not slow down driving the device's CQs") {
+  using namespace std::chrono_literals;
+  auto dev = open_soft();
+  fake_cq cq;
+  fake_qp vq(111);
+  auto w = wrap(dev, &vq, on(cq));
+  auto c = make_counter(dev);
+  attach(w, c, bits(attach_op::send));
+  std::atomic<int> rc{-1};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread waiter([&] {
+    compcntr::wait_options o{.spin = 0ns};
+    o.progress = [](void*) noexcept {};
+    o.progress_interval = 10s;       // the hook wants 10 s slices; the CQ still needs 1 ms ones
+    rc = static_cast<int>(compcntr::wait(c, 1, 20s, o));
+  });
+  while ((c.native_slot()->watch.load() & compcntr::detail::watch_sleepers_mask) == 0)
+    std::this_thread::yield();
+  cq.ok(IBV_WC_SEND, 8);
+  waiter.join();
+  CHECK(rc.load() == 0);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+}

@@ -72,8 +72,10 @@ struct wrap_table {
   std::unordered_set<const ibv_qp*> qps;                               ///< wrapped ibv_qps
 };
 wrap_table& wraps() noexcept {
-  static wrap_table t;  // constructed on first use (no allocation until then)
-  return t;
+  // Made on first use and never destroyed: a wrapper destroyed during static destruction (an
+  // atexit handler, a static object) still finds it.
+  static wrap_table* const t = new wrap_table;
+  return *t;
 }
 
 /// One CQ drained for the wrapped QPs that complete into it.
@@ -189,8 +191,12 @@ class verbs_qp final : public qp_impl {
     for (progress_source* p : gone) {
       // What the CQ holds now is dropped; completions still in flight for the QPs that used it
       // may arrive later: a later wrapper on it (on this device) routes by qp_num (add_user).
-      static_cast<cq_source*>(p)->discard();
-      reg.retire_locked(static_cast<cq_source*>(p)->cq);
+      // Not after a refused wrap: a source it made never served anyone, and the CQ is still
+      // the application's.
+      if (wrapped_) {
+        static_cast<cq_source*>(p)->discard();
+        reg.retire_locked(static_cast<cq_source*>(p)->cq);
+      }
       reg.remove_locked(*p);
       delete p;
     }
@@ -211,6 +217,10 @@ class verbs_qp final : public qp_impl {
   ibv_qp* q_;
   verbs_qp_options opts_;
   bool native_;
+
+ public:
+  /// Set once wrap_verbs_qp succeeded (under the registry lock): shutdown() then owns the CQs.
+  bool wrapped_ = false;
 };
 
 void cq_source::consume() noexcept {
@@ -326,6 +336,7 @@ qp_impl* wrap_verbs_qp(device_core& dev, ibv_qp* vqp, const verbs_qp_options& op
   }
   if (!e) e = add_user(reg, opts.send_cq, {q, true, recv_cq == opts.send_cq});
   if (!e && recv_cq != opts.send_cq) e = add_user(reg, recv_cq, {q, false, true});
+  if (!e) q->wrapped_ = true;
   glk.unlock();
   lk.unlock();
   if (e) {

@@ -1,6 +1,7 @@
 // compcntr::wait and compcntr::poll_any: one phase engine (hot poll, backoff, futex sleep) run
 // over a single slot or over a list of slots. See modules/wait.cppm for the contract.
 module;
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -133,6 +134,15 @@ nanoseconds capped(nanoseconds rel, nanoseconds slice, bool needs_progress) noex
   return needs_progress && (rel.count() < 0 || rel > slice) ? slice : rel;
 }
 
+// The longest sleep of a waiter: `slice` (opts.progress_interval) for its own hook; the device's
+// progress sources and hardware-backed counters are driven at least every 1 ms
+// (default_progress_interval) whatever the hook's interval, so a caller pacing a cheap or
+// idle hook slowly (the fi_cntr adapter with nothing bound: 50 ms) does not slow them down.
+nanoseconds sleep_cap(nanoseconds rel, nanoseconds slice, bool hook, bool device) noexcept {
+  rel = capped(rel, slice, hook);
+  return capped(rel, std::min(slice, nanoseconds(default_progress_interval)), device);
+}
+
 // Whether a waiter on `s` must wake up to drive progress (besides a hook of its own): the
 // counter is hardware-backed or its device has progress sources (emulated CQs). Called after
 // the waiter registered (seq_cst RMW on watch): pairs with slot::kick()'s fence, so either
@@ -198,7 +208,7 @@ std::errc wait_slow_distance(slot& s, std::uint64_t base, std::uint64_t need, st
     std::atomic_thread_fence(std::memory_order_seq_cst);  // registration before the checks below
     const outcome r = test();
     if (!r.done)
-      futex::wait(s.wake_seq, seq, capped(rel, slice, o.progress != nullptr || slot_needs_progress(s)));
+      futex::wait(s.wake_seq, seq, sleep_cap(rel, slice, o.progress != nullptr, slot_needs_progress(s)));
     s.watch.fetch_sub(1, std::memory_order_seq_cst);
     return r;
   };
@@ -284,7 +294,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
     if (!r.done) {
       // A slot without an extension block (no memory) cannot wake us: poll it in slices.
       if (!all_registered) rel = capped(rel, nanoseconds(default_progress_interval), true);
-      rel = capped(rel, slice, o.progress != nullptr || any_hw);
+      rel = sleep_cap(rel, slice, o.progress != nullptr, any_hw);
       // Dekker with notify_ext(): it bumps seq, then loads sleeping; we store sleeping, then
       // load seq. One of the two sees the other, so a bump we miss here comes with a wake.
       w.sleeping.store(1, std::memory_order_seq_cst);
