@@ -11,10 +11,12 @@
 //   3. sleep:   register in the slot's `watch` word, re-check, FUTEX_WAIT on `wake_seq`.
 //   spin == 0 skips 1 and 2 (every wait that is not already satisfied sleeps: the "forced
 //   sleep" mode); spin == spin_forever never leaves 1 (the "spin only" mode: never sleeps).
-// A progress hook is called before every check of every phase, and a waiter with a hook (or on
-// a hardware-backed counter, whose device writes do not wake anyone) sleeps at most
-// progress_interval at a time, so it never stops driving progress. The counter's device's own
-// progress sources (emulated verbs CQs) are driven the same way with no hook needed.
+// A progress hook is called before every check of every phase, and a waiter with a hook sleeps
+// at most progress_interval at a time, so it never stops driving progress. A waiter on a
+// hardware-backed counter (whose device writes do not wake anyone) or on a counter whose device
+// has progress sources (emulated verbs CQs, driven with no hook needed) sleeps at most
+// min(progress_interval, 1 ms). Whether to slice is decided at each sleep, after registering:
+// attaching a counter to a QP wakes its sleepers so they decide again (slot::kick).
 //
 // Threshold comparison: a counter has reached `threshold` when `value >= threshold`, compared as
 // plain unsigned 64-bit numbers (verbs, fi_cntr_wait and PtlCTWait semantics). This is NOT
@@ -104,8 +106,9 @@ struct wait_options {
   progress_fn progress = nullptr;
   /// Passed to `progress`.
   void* progress_ctx = nullptr;
-  /// Longest single sleep when `progress` is set or the counter is hardware-backed (must be
-  /// > 0; ignored otherwise: the waiter then sleeps until woken or timed out).
+  /// Longest single sleep when `progress` is set (must be > 0); hardware-backed counters and
+  /// devices with progress sources sleep at most min(this, 1 ms). Ignored otherwise: the waiter
+  /// then sleeps until woken or timed out.
   std::chrono::microseconds progress_interval = default_progress_interval;
 };
 
