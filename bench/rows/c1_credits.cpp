@@ -27,13 +27,13 @@
 
 import compcntr;
 
+#include "common.hpp"
+
 namespace {
 
-constexpr std::uint64_t credits = 4;
+using bench::rows::padded_atomic;
 
-struct alignas(128) padded_atomic {
-  std::atomic<std::uint64_t> v{0};
-};
+constexpr std::uint64_t credits = 4;
 
 /// The tracker's fast path by hand, on two padded atomics.
 struct raw_credits {

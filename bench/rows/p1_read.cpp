@@ -18,11 +18,11 @@
 
 import compcntr;
 
+#include "common.hpp"
+
 namespace {
 
-struct alignas(128) padded_atomic {
-  std::atomic<std::uint64_t> v{0};
-};
+using bench::rows::padded_atomic;
 
 // The timed loops take the counter / the atomic by reference, as application code holding a
 // counter (or an atomic) in some object does; noinline keeps each loop's code independent of

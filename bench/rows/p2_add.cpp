@@ -16,21 +16,13 @@
 
 import compcntr;
 
+#include "common.hpp"
+
 namespace {
 
-struct alignas(128) padded_atomic {
-  std::atomic<std::uint64_t> v{0};
-};
-
-// The timed loops take the counter / the atomic by reference, as application code holding a
-// counter (or an atomic) in some object does; noinline keeps each loop's code independent of
-// the harness around it.
-__attribute__((noinline)) void add_loop(compcntr::counter& c, std::uint64_t n) {
-  for (std::uint64_t i = 0; i < n; ++i) c.add(1);
-}
-__attribute__((noinline)) void fetch_add_loop(std::atomic<std::uint64_t>& a, std::uint64_t n) {
-  for (std::uint64_t i = 0; i < n; ++i) a.fetch_add(1);
-}
+using bench::rows::padded_atomic;
+using bench::rows::add_loop;
+using bench::rows::fetch_add_loop;
 
 void run(bench::context& ctx) {
   std::error_code ec;

@@ -19,23 +19,20 @@
 
 import compcntr;
 
+#include "common.hpp"
+
 namespace {
 
-struct alignas(128) padded_atomic {
-  std::atomic<std::uint64_t> v{0};
-};
+using bench::rows::padded_atomic;
+using bench::rows::add_loop;
+using bench::rows::fetch_add_loop;
+
 struct unpadded_pair {
   alignas(128) std::atomic<std::uint64_t> a{0};
   std::atomic<std::uint64_t> b{0};  // 8 bytes after a: same cache line
 };
 
-// Each thread's loop: the counter / the atomic by reference (noinline, as in P2).
-__attribute__((noinline)) void inc(std::atomic<std::uint64_t>* p, std::uint64_t n) {
-  for (std::uint64_t i = 0; i < n; ++i) p->fetch_add(1);
-}
-__attribute__((noinline)) void add_loop(compcntr::counter& c, std::uint64_t n) {
-  for (std::uint64_t i = 0; i < n; ++i) c.add(1);
-}
+// Each thread's loop: bench::rows::add_loop / fetch_add_loop (common.hpp), as in P2.
 
 void run(bench::context& ctx) {
   const bool two_cpus = bench::allowed_cpus().size() >= 2;
@@ -68,12 +65,12 @@ void run(bench::context& ctx) {
   auto r = ctx.measure({
       cc,
       pair("two threads, two 128-byte-padded std::atomic, fetch_add(1)",
-           [p = &padded[0].v](std::uint64_t n) { inc(p, n); },
-           [p = &padded[1].v](std::uint64_t n) { inc(p, n); }),
+           [p = &padded[0].v](std::uint64_t n) { fetch_add_loop(*p, n); },
+           [p = &padded[1].v](std::uint64_t n) { fetch_add_loop(*p, n); }),
       pair("two threads, two adjacent unpadded std::atomic, fetch_add(1)",
-           [p = &adj->a](std::uint64_t n) { inc(p, n); }, [p = &adj->b](std::uint64_t n) { inc(p, n); }),
+           [p = &adj->a](std::uint64_t n) { fetch_add_loop(*p, n); }, [p = &adj->b](std::uint64_t n) { fetch_add_loop(*p, n); }),
       pair("two threads, one shared std::atomic, fetch_add(1)",
-           [p = &shared->v](std::uint64_t n) { inc(p, n); }, [p = &shared->v](std::uint64_t n) { inc(p, n); }),
+           [p = &shared->v](std::uint64_t n) { fetch_add_loop(*p, n); }, [p = &shared->v](std::uint64_t n) { fetch_add_loop(*p, n); }),
   });
   for (auto& x : r) x.unit = "ns/inc";
   const auto& after = ctx.pair_stats;

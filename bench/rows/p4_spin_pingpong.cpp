@@ -38,14 +38,14 @@
 
 import compcntr;
 
+#include "common.hpp"
+
 namespace {
+
+using bench::rows::padded_atomic;
 
 using namespace std::chrono_literals;
 constexpr auto wait_timeout = 2000ms;
-
-struct alignas(128) padded_atomic {
-  std::atomic<std::uint64_t> v{0};
-};
 
 const compcntr::wait_options spin_opts{.spin = compcntr::spin_forever};
 
