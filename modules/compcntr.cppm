@@ -18,6 +18,7 @@ export import :error;
 export import :types;
 export import :backoff;
 export import :slot;
+export import :lifetime;
 export import :pool;
 export import :backend;
 export import :counter;

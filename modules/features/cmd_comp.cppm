@@ -40,6 +40,7 @@ module;
 #include <utility>
 export module compcntr:cmd_comp;
 import :slot;
+import :lifetime;
 import :types;
 import :backend;
 import :counter;
@@ -117,13 +118,6 @@ class cmd_comp_core {
 /// The software cmd_comp served by the device's command engine (src/features/cmd_comp/engine.cpp).
 /// Retains the device; nullptr + ec (ENOMEM, EMFILE, ...) on failure.
 cmd_comp_core* make_engine_cmd_comp(device_core& dev, std::error_code& ec) noexcept;
-
-/// Holds a counter slot bound past its destruction (see slot::pins). The caller must own a live
-/// reference to the counter at the time of the call. Memory ordering: relaxed (an RMW on pins;
-/// unpin_slot's acq_rel RMW orders the holder's reads before the slot's release).
-inline void pin_slot(slot& s) noexcept { s.pins.fetch_add(1, std::memory_order_relaxed); }
-/// Drops a pin; the last one after the counter's destruction releases the slot (src/core/counter.cpp).
-void unpin_slot(slot& s) noexcept;
 
 }  // namespace compcntr::detail
 

@@ -74,14 +74,10 @@ std::error_code qp_impl::attach(slot& s, const attach_options& o) noexcept {
       return fail(ENOMEM, "qp_attach_comp_cntr: out of memory");
     }
     // Take a reference unless the counter is already gone: counter::destroy() CASes refs 1 -> 0,
-    // so either this CAS sees refs >= 1 and destroy() then fails with EBUSY, or destroy() won
-    // and this sees 0. Memory ordering: acq_rel, as unref_counter_slot's fetch_sub.
-    std::uint32_t r = s.refs.load(std::memory_order_acquire);
-    do {
-      if (r == 0)
-        return fail(EINVAL, "qp_attach_comp_cntr: counter %u is being destroyed", s.index);
-    } while (!s.refs.compare_exchange_weak(r, r + 1, std::memory_order_acq_rel,
-                                           std::memory_order_acquire));
+    // so either this sees refs >= 1 and destroy() then fails with EBUSY, or destroy() won and
+    // this sees 0 (compcntr:lifetime).
+    if (!take_counter_ref(s))
+      return fail(EINVAL, "qp_attach_comp_cntr: counter %u is being destroyed", s.index);
   }
   if (auto e = attach_hook(s, o.op_mask)) {
     if (!have) unref_counter_slot(s);
