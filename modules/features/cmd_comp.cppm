@@ -115,6 +115,17 @@ class cmd_comp_core {
   device_core* dev_;
 };
 
+/// Optional capability of a backend (backend::commands()): the device answers asynchronous
+/// commands itself (mlx5 DEVX). Devices without it get the software cmd_comp below.
+class command_capability {
+ public:
+  /// A cmd_comp served by the device; it retains `dev`. nullptr + ec on error.
+  virtual cmd_comp_core* create_cmd_comp(device_core& dev, std::error_code& ec) noexcept = 0;
+
+ protected:
+  ~command_capability() = default;
+};
+
 /// The software cmd_comp served by the device's command engine (src/features/cmd_comp/engine.cpp).
 /// Retains the device; nullptr + ec (ENOMEM, EMFILE, ...) on failure.
 cmd_comp_core* make_engine_cmd_comp(device_core& dev, std::error_code& ec) noexcept;
