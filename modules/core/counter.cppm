@@ -69,6 +69,8 @@ class counter {
   inline void set_error(std::uint64_t v) noexcept { s_->set_error(v); }
 
   inline counter_type type() const noexcept { return s_->type; }
+  /// Stripes of a striped counter (counter_options::stripes), 1 for a plain counter.
+  inline std::uint32_t stripes() const noexcept { return s_->stripe_mask() + 1; }
   /// NUMA node whose memory holds this counter's slot.
   inline int numa_node() const noexcept { return s_->numa_node; }
   /// Index of the counter's slot in its device's pool (the verbs `handle`).

@@ -83,6 +83,7 @@ class counter_ref {
   inline void set(std::uint64_t v) noexcept { s_->set(v); }
   inline void set_error(std::uint64_t v) noexcept { s_->set_error(v); }
   inline counter_type type() const noexcept { return s_->type; }
+  inline std::uint32_t stripes() const noexcept { return s_->stripe_mask() + 1; }
   inline int numa_node() const noexcept { return s_->numa_node; }
   inline std::uint32_t index() const noexcept { return s_->index; }
   inline counter_handle handle() const noexcept {

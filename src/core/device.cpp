@@ -92,6 +92,12 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
     ec = e;
     return {};
   }
+  const std::uint32_t stripes = detail::stripe_count(opts.stripes);
+  if (stripes == 0) {
+    detail::fail_into(ec, EINVAL, "create_comp_cntr: %u stripes requested, at most %u",
+                      opts.stripes, detail::max_stripes);
+    return {};
+  }
   // The pool validates the node (EINVAL) and the capacity (ENOMEM), changing nothing on failure.
   detail::slot* s = core_->pool().allocate(opts.numa_node, ec);
   if (!s) return {};
@@ -107,6 +113,13 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
     detail::unref_counter_slot(*s);  // unbind_counter tolerates a slot that was never bound
     ec = e;
     return {};
+  }
+  if (stripes > 1) [[unlikely]] {
+    if (auto e = detail::make_striped(*s, stripes)) {
+      detail::unref_counter_slot(*s);  // unbinds; free_stripes has nothing to free
+      ec = e;
+      return {};
+    }
   }
   ec.clear();
   return counter(s);

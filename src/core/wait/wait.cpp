@@ -156,12 +156,17 @@ nanoseconds sleep_cap(nanoseconds rel, nanoseconds slice, bool hook, bool device
   return capped(rel, std::min(slice, nanoseconds(default_progress_interval)), device);
 }
 
+// Whether the counter's updates bypass its slot's words (a native counter the device updates, or
+// one refreshed from it): striped counters are not that (their updates wake waiters as a plain
+// counter's do).
+bool hardware_backed(const slot& s) noexcept { return s.hw != nullptr && !s.striped(); }
+
 // Whether a waiter on `s` must wake up to drive progress (besides a hook of its own): the
 // counter is hardware-backed or its device has progress sources (emulated CQs). Called after
 // the waiter registered (seq_cst RMW on watch): pairs with slot::kick()'s fence, so either
 // this sees a source added before the kick or the kick sees the registration.
 bool slot_needs_progress(const slot& s) noexcept {
-  return s.hw != nullptr || !s.owner->progress_sources().empty();
+  return hardware_backed(s) || !s.owner->progress_sources().empty();
 }
 
 // Where each thread's next poll_any scan starts: just after the index it last returned.
@@ -185,7 +190,7 @@ std::errc wait_slow(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
                     const wait_options& o) noexcept {
   if (s.hw != nullptr && s.hw->refresh != nullptr)
     s.hw->refresh(s);  // so a stale mirror's catch-up does not count as "during the wait"
-  return wait_slow_since(s, threshold, s.errors.load(std::memory_order_seq_cst), timeout_ms, o);
+  return wait_slow_since(s, threshold, s.errors_seq_cst(), timeout_ms, o);
 }
 
 std::errc wait_slow_since(slot& s, std::uint64_t threshold, std::uint64_t err0,
@@ -199,8 +204,8 @@ std::errc wait_slow_distance(slot& s, std::uint64_t base, std::uint64_t need, st
   void (*const refresh)(slot&) noexcept = s.hw != nullptr ? s.hw->refresh : nullptr;
 
   auto test = [&]() noexcept -> outcome {
-    if (((s.value.load(std::memory_order_seq_cst) - base) & mask) >= need) return {true, std::errc{}, 0};
-    if (s.errors.load(std::memory_order_seq_cst) != err0) return {true, std::errc::io_error, 0};
+    if (((s.value_seq_cst() - base) & mask) >= need) return {true, std::errc{}, 0};
+    if (s.errors_seq_cst() != err0) return {true, std::errc::io_error, 0};
     return pending;
   };
   // The device's own progress sources (emulated verbs CQs) are driven like a hook: a waiter on
@@ -221,8 +226,8 @@ std::errc wait_slow_distance(slot& s, std::uint64_t base, std::uint64_t need, st
   const std::atomic<std::uint64_t>& value = s.value;
   const std::atomic<std::uint64_t>& errors = s.errors;
   auto poll = [&](unsigned n) noexcept -> outcome {
-    if (o.progress != nullptr || refresh != nullptr || !dev.progress_sources().empty() ||
-        n != clock_stride) [[unlikely]]
+    if (o.progress != nullptr || refresh != nullptr || s.striped() ||
+        !dev.progress_sources().empty() || n != clock_stride) [[unlikely]]
       return poll_with(check, n);
     const std::uint64_t b = base, m = mask, goal = need, e0 = err0;  // in registers
     if (b == 0 && m == ~std::uint64_t{0}) {
@@ -272,7 +277,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
     const slot* s = list.at(list.base, i);
     if (s == nullptr)
       return {std::errc(fail(EINVAL, "poll: counter %zu is NULL or empty", i).value()), 0};
-    any_hw |= s->hw != nullptr || !s->owner->progress_sources().empty();
+    any_hw |= hardware_backed(*s) || !s->owner->progress_sources().empty();
   }
   const std::size_t start = poll_cursor % n;
 
@@ -298,15 +303,15 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
   for (std::size_t i = 0; i < n; ++i) {
     e[i].s = list.at(list.base, i);
     if (e[i].s->hw != nullptr && e[i].s->hw->refresh != nullptr) e[i].s->hw->refresh(*e[i].s);
-    e[i].err0 = e[i].s->errors.load(std::memory_order_seq_cst);
+    e[i].err0 = e[i].s->errors_seq_cst();
   }
 
   auto test = [&]() noexcept -> outcome {
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = start + k < n ? start + k : start + k - n;
       const slot& s = *e[i].s;
-      if (s.value.load(std::memory_order_seq_cst) >= thresholds[i]) return {true, std::errc{}, i};
-      if (s.errors.load(std::memory_order_seq_cst) != e[i].err0) return {true, std::errc::io_error, i};
+      if (s.value_seq_cst() >= thresholds[i]) return {true, std::errc{}, i};
+      if (s.errors_seq_cst() != e[i].err0) return {true, std::errc::io_error, i};
     }
     return pending;
   };
