@@ -15,11 +15,11 @@ namespace compcntr {
 namespace detail {
 
 std::error_code device_core::close() noexcept {
-  std::uint32_t expected = 1;
-  if (!refs_.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
-                                     std::memory_order_acquire))
-    return fail(EBUSY, "close_device: device '%.*s' still has %u live object(s)",
-                static_cast<int>(be().name().size()), be().name().data(), expected - 1);
+  std::uint32_t holds = 0, counters = 0;
+  if (!pool_.unhold_if_last(holds, counters))
+    return fail(EBUSY, "close_device: device '%.*s' still has %u live object(s) (%u counter(s))",
+                static_cast<int>(be().name().size()), be().name().data(), holds - 1 + counters,
+                counters);
   delete this;
   return {};
 }
@@ -103,12 +103,12 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
   if (!s) return {};
   s->owner = core_;
   s->type = opts.type;
-  // The device reference first: from here on the slot is a counter like any other, and a
-  // failed bind gives it back the way a destroyed counter goes (last reference drops it). It
-  // must not go straight back to the pool: a resolver holding a stale handle of the slot's
-  // previous counter may have taken a reference since the pool handed it out (its CAS sees
-  // refs == 1), and that reference must be dropped on this slot, not on the slot's next owner.
-  core_->retain();
+  // The slot is a live counter now, holding the device through the pool's live count (no
+  // reference of its own: device_core::retain). A failed bind gives it back the way a destroyed
+  // counter goes (last reference drops it). It must not go straight back to the pool: a
+  // resolver holding a stale handle of the slot's previous counter may have taken a reference
+  // since the pool handed it out (its CAS sees refs == 1), and that reference must be dropped
+  // on this slot, not on the slot's next owner.
   if (auto e = core_->be().bind_counter(*s)) {
     detail::unref_counter_slot(*s);  // unbind_counter tolerates a slot that was never bound
     ec = e;
