@@ -187,6 +187,14 @@ class device_core {
   device_core(std::unique_ptr<backend> be, std::uint32_t max_counters) noexcept
       : backend_(std::move(be)), pool_(max_counters) {
     pool_.hold();  // the handle's reference
+    // backend::check_type answers the same for the device's life: ask once (create_counter
+    // asks again only for a refused type, to report the backend's reason).
+    for (counter_type t : {counter_type::wrs, counter_type::bytes})
+      if (!backend_->check_type(t)) types_ok_ |= 1u << static_cast<unsigned>(t);
+  }
+  /// Whether the backend counts `t` (a valid counter_type), as backend::check_type said.
+  inline bool type_ok(counter_type t) const noexcept {
+    return (types_ok_ >> static_cast<unsigned>(t)) & 1u;
   }
 
   inline backend& be() noexcept { return *backend_; }
@@ -235,6 +243,7 @@ class device_core {
   std::unique_ptr<backend> backend_;
   slot_pool pool_;
   progress_registry progress_;
+  std::uint32_t types_ok_ = 0;  ///< bit t: check_type(t) succeeded
   std::mutex services_mu_;                        ///< add_service only
   std::atomic<device_service*> services_{nullptr};  ///< newest first
 };

@@ -88,7 +88,10 @@ inline constexpr std::uint32_t max_stripes = 256;
 /// The stripes a request for `requested` gets: 1 for 0 or 1 (a plain counter), the number of
 /// CPUs the system is configured for rounded up to a power of two (at most max_stripes) for
 /// stripes_per_cpu, else `requested` rounded up to a power of two; 0 if above max_stripes.
-std::uint32_t stripe_count(std::uint32_t requested) noexcept;
+std::uint32_t stripe_count_slow(std::uint32_t requested) noexcept;
+inline std::uint32_t stripe_count(std::uint32_t requested) noexcept {
+  return requested <= 1 ? 1 : stripe_count_slow(requested);
+}
 /// Gives the plain software counter on `s` n stripes (a power of two): ENOTSUP if the backend
 /// bound it to a native counter (s.hw set), ENOMEM. src/core/striped.cpp.
 std::error_code make_striped(slot& s, std::uint32_t n) noexcept;

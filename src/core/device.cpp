@@ -88,8 +88,10 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
                       static_cast<unsigned>(opts.type));
     return {};
   }
-  if (auto e = core_->be().check_type(opts.type)) {
-    ec = e;
+  if (!core_->type_ok(opts.type)) [[unlikely]] {
+    ec = core_->be().check_type(opts.type);
+    if (!ec) ec = detail::fail(ENOTSUP, "create_comp_cntr: counter type %u not supported by the device",
+                               static_cast<unsigned>(opts.type));
     return {};
   }
   const std::uint32_t stripes = detail::stripe_count(opts.stripes);
@@ -121,7 +123,7 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
       return {};
     }
   }
-  ec.clear();
+  ec.assign(0, detail::system_category_cached());  // ec.clear() without the library call
   return counter(s);
 }
 

@@ -17,7 +17,7 @@ namespace {
 // once per counter, in whichever thread drops the last hold.
 void finish_counter_slot(slot& s) noexcept {
   device_core* dev = s.owner;
-  free_stripes(s);  // a striped counter's stripes; hw back to nullptr, as the backend bound it
+  if (s.striped()) free_stripes(s);  // hw back to nullptr, as the backend bound it
   dev->be().unbind_counter(s);
   free_slot_ext(s);  // the counter's fd and poll registrations block (compcntr:wait)
   // The finishing thread is the slot's only writer now (refs is 0): a plain load + store, not a

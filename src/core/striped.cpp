@@ -57,8 +57,7 @@ std::uint32_t round_up_pow2(std::uint32_t v) noexcept {
 const hw_counter_ops striped_counter_ops = {striped_add, striped_add_error, striped_set,
                                             striped_set_error, nullptr};
 
-std::uint32_t stripe_count(std::uint32_t requested) noexcept {
-  if (requested <= 1) return 1;
+std::uint32_t stripe_count_slow(std::uint32_t requested) noexcept {
   if (requested == stripes_per_cpu) {
     const long cpus = ::sysconf(_SC_NPROCESSORS_CONF);
     const std::uint32_t n = cpus < 1 ? 1u : cpus > long{max_stripes} ? max_stripes
