@@ -317,7 +317,9 @@ def render(path, info, version):
     intro = conv.blocks(name_doc['blocks'])
     names = [info['page']] + info['links']
     whatis = {'t': 'Para', 'c': text_inlines(', '.join(names) + ' - ' + info['summary'])}
-    out = [{'t': 'Header', 'c': [1, ['name', [], []], [Str('NAME')]]}, whatis]
+    # No hyphenation, ragged right: identifiers such as compcntr_create_comp_cntr stay whole.
+    out = [{'t': 'RawBlock', 'c': ['man', '.nh\n.ad l']},
+           {'t': 'Header', 'c': [1, ['name', [], []], [Str('NAME')]]}, whatis]
     # The NAME section's own prose opens DESCRIPTION (or follows NAME when there is none).
     desc = next((i for i, b in enumerate(blocks)
                  if b['t'] == 'Header' and b['c'][0] == 1 and stringify(b['c'][2]) == 'DESCRIPTION'),
