@@ -30,6 +30,7 @@ module;
 #include <utility>
 export module compcntr:counter;
 import :slot;
+import :lifetime;
 import :types;
 import :error;
 
@@ -80,10 +81,20 @@ class counter {
     return {s_->generation.load(std::memory_order_relaxed), s_->index};
   }
 
-  /// Destroys the counter now. EBUSY (and the counter stays usable) while a QP counts into it.
-  void destroy(std::error_code& ec) noexcept;
-  /// Destroys the counter; a still-attached slot lives on until its last QP is destroyed.
-  void reset() noexcept;
+  /// Destroys the counter now. EBUSY (and the counter stays usable) while a QP counts into it,
+  /// a counter_ref holds it, or a bridge is bound to it (compcntr:lifetime).
+  inline void destroy(std::error_code& ec) noexcept {
+    if (auto e = detail::destroy_counter_slot(*s_)) {
+      ec = e;
+      return;
+    }
+    s_ = nullptr;
+    ec.clear();
+  }
+  /// Destroys the counter; a still-attached slot lives on until its last holder lets go.
+  inline void reset() noexcept {
+    if (detail::slot* s = std::exchange(s_, nullptr)) detail::unref_counter_slot(*s);
+  }
 
   /// The slot (for the library's other layers: waits, QPs, adapters).
   inline detail::slot* native_slot() const noexcept { return s_; }
@@ -95,13 +106,3 @@ class counter {
 };
 
 }  // namespace compcntr
-
-export namespace compcntr::detail {
-/// Drops one reference to a counter slot; the last one unbinds it from its backend, returns it
-/// to the pool and releases the device reference it held. Defined in src/core/counter.cpp.
-/// Memory ordering: acq_rel decrement (the last holder sees every holder's writes).
-void unref_counter_slot(slot& s) noexcept;
-/// Frees a counter slot whose references are all gone (refs == 0): unbinds it from its backend,
-/// returns it to the pool and releases the device reference it held.
-void free_counter_slot(slot& s) noexcept;
-}  // namespace compcntr::detail

@@ -46,6 +46,7 @@ module;
 #include <utility>
 export module compcntr:counter_ref;
 import :slot;
+import :lifetime;
 import :pool;
 import :types;
 import :counter;
@@ -102,9 +103,3 @@ class counter_ref {
 };
 
 }  // namespace compcntr
-
-export namespace compcntr::detail {
-/// The pinning half of device::resolve(): a slot with one more reference, or nullptr and ec
-/// (EINVAL: no such slot; ESTALE: the handle's counter was destroyed). Defined in src/core/counter.cpp.
-slot* resolve_counter_slot(slot_pool& pool, counter_handle h, std::error_code& ec) noexcept;
-}  // namespace compcntr::detail

@@ -23,13 +23,22 @@ module;
 export module compcntr:device;
 import :counter;
 import :counter_ref;
-import :mr;
-import :qp;
 import :backend;
 import :types;
 import :error;
 
+// The verbs QP a device wraps (rdma-core's <infiniband/verbs.h> defines it; global module).
+export extern "C++" {
+struct ibv_qp;
+}
+
 export namespace compcntr {
+
+// Made by a device, defined by the features built on the core (compcntr:qp, compcntr:mr): the
+// device only names them, so the core imports no feature.
+class qp;
+class memory_region;
+struct verbs_qp_options;
 
 class device {
  public:

@@ -42,8 +42,9 @@
 //   * allocate() and release() are lock-free: a handful of atomic RMWs (capacity reservation, one
 //     CAS on a node's free list or one fetch_add on its bump word). Creating an arena takes a
 //     mutex, once per arena_slots() slots of a node.
-//   * a slot handed out reads value 0, errors 0, refs 1, watch 0, hw nullptr, and a generation
-//     different from any generation taken before its last release.
+//   * a slot handed out reads value 0, errors 0, refs 1, watch 0, hw nullptr (reset_slot,
+//     compcntr:lifetime); its generation is left alone (the lifetime unit bumps it before the
+//     release).
 //   * capacity is exact: at most capacity() slots are live at once; one more is ENOMEM and
 //     changes nothing. The check is a CAS loop on the live count, so a create fails only if
 //     capacity() slots were live (or being created) at the moment it looked.
@@ -145,11 +146,10 @@ class slot_pool {
   /// except refs (release: see reset_slot) and handed to the caller.
   slot* allocate(int numa_node, std::error_code& ec) noexcept;
 
-  /// Returns `s` to its node's free list; its generation is bumped first.
-  /// Memory ordering: relaxed generation bump (load + store: the releaser is the only writer),
-  /// then a release CAS pushing the slot (publishes
-  /// the bump and every write of the owner to the next allocate() of the slot), then a release
-  /// decrement of the live count.
+  /// Returns `s` to its node's free list (the generation bump before it is compcntr:lifetime's).
+  /// Memory ordering: a release CAS pushing the slot (publishes every write of the owner, the
+  /// generation bump included, to the next allocate() of the slot), then a release decrement of
+  /// the live count.
   void release(slot& s) noexcept;
 
   /// The slot at `index` (live or not), or nullptr if no arena holds that index.

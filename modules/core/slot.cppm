@@ -56,9 +56,6 @@ inline constexpr std::uint32_t watch_fd_armed = 1u << 24;           ///< a polla
 inline constexpr std::uint32_t watch_hook = 1u << 25;               ///< an update hook is armed
 inline constexpr std::uint32_t watch_pollers = 1u << 26;            ///< poll_any sleepers in ext
 
-/// Bit of slot::pins: the counter's last reference is gone; the last unpin releases the slot.
-inline constexpr std::uint32_t pins_dead = 1u << 31;
-
 /// Extension block for rarely used per-counter features, allocated on demand (first pollable_fd
 /// or first poll_any that sleeps on the counter) and freed when the counter is destroyed: the
 /// counter's eventfd and the list of sleeping poll_any calls. Defined in src/core/wait/ext.cpp, the
@@ -81,18 +78,16 @@ struct alignas(false_sharing_range) slot {
   // (bench P4: 1.7-2.4x a raw spin ping-pong with them on line 0, 1.02-1.16x here).
   alignas(cache_line_size)
   std::atomic<std::uint32_t> watch{0};      ///< sleepers | watch_fd_armed | watch_hook | pollers
-  /// Transient holds that keep the slot bound and owned while the counter may already be
-  /// destroyed: in-flight asynchronous queries and mirror refreshers (compcntr:cmd_comp). Low
-  /// 31 bits: number of holds; pins_dead: the last reference (owner, QPs) is gone and the last
-  /// unpin must finish the destruction. Unlike `refs`, pins never make destroy EBUSY.
+  /// Transient holds that keep the slot bound while the counter may already be destroyed
+  /// (in-flight async queries, refreshers); never make destroy EBUSY. compcntr:lifetime.
   std::atomic<std::uint32_t> pins{0};
   const hw_counter_ops* hw = nullptr;       ///< nullptr: software counter (read before the RMW)
-  /// Bumped by the pool on every release: a counter_handle taken from one owner never matches
-  /// a later owner. 64 bits, so it cannot wrap while a handle is kept (2^32 reuses of one slot
-  /// take minutes in a create/destroy loop; 2^64 take millennia).
+  /// Bumped when the slot is freed (compcntr:lifetime): a counter_handle taken from one owner
+  /// never matches a later owner. 64 bits, so it cannot wrap while a handle is kept (2^32 reuses
+  /// of one slot take minutes in a create/destroy loop; 2^64 take millennia).
   std::atomic<std::uint64_t> generation{0};
   std::atomic<std::uint32_t> next_free{0};  ///< pool free-list link (slot index + 1, 0 = end)
-  std::atomic<std::uint32_t> refs{0};       ///< owner + 1 per QP attachment + 1 per counter_ref
+  std::atomic<std::uint32_t> refs{0};       ///< owner + holders (compcntr:lifetime)
   std::atomic<slot_ext*> ext{nullptr};      ///< optional features (see slot_ext)
   // Fixed for the counter's life, kept here rather than on line 0 so that destroying a counter
   // touches line 1 only (refs, pins, ext, owner, pool links). Measured: no change in bench P7
@@ -156,25 +151,5 @@ static_assert(sizeof(slot) == false_sharing_range, "a slot is exactly one padded
 static_assert(offsetof(slot, watch) == cache_line_size, "watch and hw live on line 1");
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
-
-/// Resets a slot for a new owner. Called by the pool before a slot is handed out. No owner can
-/// reach the slot at that point, so relaxed stores suffice for the owner's data: handing the
-/// counter to its user publishes them. The one exception is `refs`: a thread resolving a stale
-/// counter_handle may CAS it concurrently (it only succeeds on refs > 0), so refs = 1 is a
-/// release store. A resolver whose acquire CAS reads it then also sees the generation bump of
-/// the slot's previous release (sequenced before the pool's release push, which the pop that
-/// handed the slot out acquired), and rejects the stale handle.
-inline void reset_slot(slot& s) noexcept {
-  s.value.store(0, std::memory_order_relaxed);
-  s.errors.store(0, std::memory_order_relaxed);
-  s.watch.store(0, std::memory_order_relaxed);
-  s.hw = nullptr;
-  s.pins.store(0, std::memory_order_relaxed);
-  s.owner = nullptr;
-  s.backend_data = nullptr;
-  s.ext.store(nullptr, std::memory_order_relaxed);
-  s.type = counter_type::wrs;
-  s.refs.store(1, std::memory_order_release);
-}
 
 }  // namespace compcntr::detail

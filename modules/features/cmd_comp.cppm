@@ -40,6 +40,7 @@ module;
 #include <utility>
 export module compcntr:cmd_comp;
 import :slot;
+import :lifetime;
 import :types;
 import :backend;
 import :counter;
@@ -114,16 +115,20 @@ class cmd_comp_core {
   device_core* dev_;
 };
 
+/// Optional capability of a backend (backend::commands()): the device answers asynchronous
+/// commands itself (mlx5 DEVX). Devices without it get the software cmd_comp below.
+class command_capability {
+ public:
+  /// A cmd_comp served by the device; it retains `dev`. nullptr + ec on error.
+  virtual cmd_comp_core* create_cmd_comp(device_core& dev, std::error_code& ec) noexcept = 0;
+
+ protected:
+  ~command_capability() = default;
+};
+
 /// The software cmd_comp served by the device's command engine (src/features/cmd_comp/engine.cpp).
 /// Retains the device; nullptr + ec (ENOMEM, EMFILE, ...) on failure.
 cmd_comp_core* make_engine_cmd_comp(device_core& dev, std::error_code& ec) noexcept;
-
-/// Holds a counter slot bound past its destruction (see slot::pins). The caller must own a live
-/// reference to the counter at the time of the call. Memory ordering: relaxed (an RMW on pins;
-/// unpin_slot's acq_rel RMW orders the holder's reads before the slot's release).
-inline void pin_slot(slot& s) noexcept { s.pins.fetch_add(1, std::memory_order_relaxed); }
-/// Drops a pin; the last one after the counter's destruction releases the slot (src/core/counter.cpp).
-void unpin_slot(slot& s) noexcept;
 
 }  // namespace compcntr::detail
 

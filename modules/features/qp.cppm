@@ -69,6 +69,7 @@ module;
 #include <vector>
 export module compcntr:qp;
 import :types;
+import :mr;
 import :slot;
 import :backend;
 import :counter;
@@ -211,6 +212,34 @@ class qp_impl {
   std::uint32_t qp_num_;
   std::atomic<slot*> served_[attach_op_count] = {};
   std::vector<slot*> attached_;    ///< guarded by ctl_; one counter reference each
+};
+
+/// Optional capability of a backend (backend::qps()): QPs and memory registrations made by
+/// compcntr (the software device's loopback QPs).
+class qp_capability {
+ public:
+  /// A new QP in RESET (it holds a reference to `dev`); nullptr + ec (ENOMEM).
+  virtual qp_impl* create_qp(device_core& dev, std::error_code& ec) noexcept = 0;
+  /// Registers [addr, addr+length) with `access` (compcntr::access bits); nullptr + ec.
+  virtual mr_impl* reg_mr(device_core& dev, void* addr, std::size_t length, std::uint32_t access,
+                          std::error_code& ec) noexcept = 0;
+
+ protected:
+  ~qp_capability() = default;
+};
+
+/// Optional capability of a backend (backend::native_attach()): the device's counters are
+/// native hardware counters that an ibv_qp of its context is attached to with
+/// ibv_qp_attach_comp_cntr. Without it, wrapped verbs QPs are counted by draining their CQs.
+class native_attach_capability {
+ public:
+  /// The device's ibv_context (as void*).
+  virtual void* native_context() const noexcept = 0;
+  /// Programs the hardware so native counter `s` counts `op_mask` of `ibv_qp` (a struct ibv_qp*).
+  virtual std::error_code attach(void* ibv_qp, slot& s, std::uint32_t op_mask) noexcept = 0;
+
+ protected:
+  ~native_attach_capability() = default;
 };
 
 /// A QP number unique in the process (never 0).

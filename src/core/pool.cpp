@@ -272,9 +272,6 @@ slot* slot_pool::allocate(int numa_node, std::error_code& ec) noexcept {
 }
 
 void slot_pool::release(slot& s) noexcept {
-  // The releaser is the slot's only writer now (refs is 0): a plain load + store, not a locked
-  // RMW. Concurrent resolve() calls only read it.
-  s.generation.store(s.generation.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   // arenas_[..].node was written before the arena was published, which happens-before this
   // slot was handed out and therefore before its release.
   push_free(nodes_[arenas_[s.index >> arena_shift_].node], s);

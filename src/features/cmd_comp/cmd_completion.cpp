@@ -64,7 +64,10 @@ cmd_completion cmd_completion::create(const device& dev, std::error_code& ec) no
     return {};
   }
   detail::device_core* core = dev.core();
-  detail::cmd_comp_core* c = core->be().create_cmd_comp(*core, ec);
+  // The device's own asynchronous commands if it has them (mlx5 DEVX), else the software engine.
+  detail::command_capability* cap = core->be().commands();
+  detail::cmd_comp_core* c = cap != nullptr ? cap->create_cmd_comp(*core, ec)
+                                            : detail::make_engine_cmd_comp(*core, ec);
   if (!c) {
     if (!ec) detail::fail_into(ec, ENOMEM, "create_cmd_comp: out of memory");
     return {};

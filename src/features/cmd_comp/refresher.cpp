@@ -88,7 +88,7 @@ class mirror_refresher::state {
       const auto index = static_cast<std::uint32_t>((cursor + visited) % n);
       entry& e = entries[index];
       if (!e.s) continue;
-      if (e.s->pins.load(std::memory_order_acquire) & detail::pins_dead) {
+      if (detail::counter_gone(*e.s)) {
         drop(index);  // the counter was destroyed: let its slot go
         continue;
       }
