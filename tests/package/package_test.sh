@@ -106,6 +106,10 @@ need_dep libcompcntr-dev "libibverbs-dev"
 need_dep libcompcntr0 "libhwloc15"
 need_dep libcompcntr-fabric0 "libfabric1"
 need_dep libcompcntr-fabric0 "libcompcntr0 \(>= $version\)"
+# shlibs bounds (debian/rules): while the major is 0, the next minor may break the ABI.
+IFS=. read -r maj min _ <<<"$version"
+if [ "$maj" -eq 0 ]; then next="0.$((min + 1))~"; else next="$((maj + 1))~"; fi
+need_dep libcompcntr-fabric0 "libcompcntr0 \(<< $next\)"
 echo "  control fields: -dev pulls the runtime packages (= $version) and the -dev packages pkg-config needs"
 
 # ---- 3. the README examples against the unpacked packages ---------------------------------
