@@ -163,6 +163,11 @@ class Converter:
             label, (url, _title) = e['c'][1], e['c'][2]
             local, ref = self.page_of(url)
             text = stringify(label).strip()
+            m = REF.match(text)
+            if m and local:
+                # The text names the man page: that is the reference (even while the target
+                # docs page is missing, e.g. a page another part of the tree provides).
+                return man_ref(m.group(1), m.group(2))
             if ref:
                 m = REF.match(text)
                 if m or text.endswith('.md'):
