@@ -411,7 +411,7 @@ int compcntr::fabric::bind(compcntr_fi_bridge* br, compcntr::counter_ref ref, st
   return bind_binding(br, std::move(b), flags, "compcntr::fabric::bind");
 }
 
-int compcntr::fabric::bind(compcntr_fi_bridge* br, const compcntr::device& dev, const compcntr::counter& c,
+int compcntr::fabric::bind(compcntr_fi_bridge* br, const compcntr::device& dev, compcntr::counter_view c,
                            std::uint64_t flags) noexcept {
   if (!c) return fail(EINVAL, "compcntr::fabric::bind: the counter is empty");
   std::error_code ec;

@@ -30,7 +30,7 @@ int bind(compcntr_fi_bridge* br, compcntr::counter_ref ref, std::uint64_t flags)
 
 /// bind() through dev.resolve(c.handle()). EINVAL for an empty counter or one that is not
 /// `dev`'s.
-int bind(compcntr_fi_bridge* br, const compcntr::device& dev, const compcntr::counter& c,
+int bind(compcntr_fi_bridge* br, const compcntr::device& dev, compcntr::counter_view c,
          std::uint64_t flags) noexcept;
 
 /// `o` with `br` as its progress hook: a compcntr::wait / poll_any with these options drains

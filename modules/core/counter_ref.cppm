@@ -57,7 +57,7 @@ class device;
 
 /// A counted reference to a live counter, obtained from device::resolve(). Empty when
 /// default-constructed, moved from, or after reset(); operations on an empty ref are undefined.
-class counter_ref {
+class counter_ref : public detail::counter_surface<counter_ref> {
  public:
   counter_ref() noexcept = default;
   inline counter_ref(counter_ref&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
@@ -72,22 +72,10 @@ class counter_ref {
   counter_ref& operator=(const counter_ref&) = delete;
   inline ~counter_ref() { reset(); }
 
-  inline explicit operator bool() const noexcept { return s_ != nullptr; }
-
-  /// As the counter operations of the same name (compcntr:counter, compcntr:slot). Explicitly
-  /// `inline`: member functions of a named module are not implicitly inline in C++20.
-  inline std::uint64_t value() const noexcept { return s_->load_value(); }
-  inline std::uint64_t errors() const noexcept { return s_->load_errors(); }
-  inline void add(std::uint64_t n = 1) noexcept { s_->add(n); }
-  inline void add_error(std::uint64_t n = 1) noexcept { s_->add_error(n); }
-  inline void set(std::uint64_t v) noexcept { s_->set(v); }
-  inline void set_error(std::uint64_t v) noexcept { s_->set_error(v); }
-  inline counter_type type() const noexcept { return s_->type; }
-  inline int numa_node() const noexcept { return s_->numa_node; }
-  inline std::uint32_t index() const noexcept { return s_->index; }
-  inline counter_handle handle() const noexcept {
-    return {s_->generation.load(std::memory_order_relaxed), s_->index};
-  }
+  /// value(), add(), handle(), ...: the counter operations (compcntr:counter), shared.
+  /// A non-owning view of the referenced counter (valid while this ref is held).
+  inline operator counter_view() const noexcept { return counter_view(s_); }
+  inline counter_view view() const noexcept { return counter_view(s_); }
 
   /// Drops the reference; if the counter's owner destroyed it meanwhile, this destroys it.
   inline void reset() noexcept {

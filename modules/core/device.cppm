@@ -121,10 +121,10 @@ class device {
   detail::device_core* core_ = nullptr;
 };
 
-/// Progress for the device that feeds `c` (see device::progress): the entry point for waiters
-/// and pollers that must drive emulated completions while they spin. 0 and cheap when that
-/// device needs no progress.
-inline std::size_t progress(const counter& c) noexcept {
+/// device::progress() of the device that feeds `c`: the entry point for waiters and pollers
+/// that must drive emulated completions while they spin. 0 and cheap when that device needs no
+/// progress. `c` must not be empty.
+inline std::size_t progress(counter_view c) noexcept {
   return c.native_slot()->owner->progress();
 }
 

@@ -146,22 +146,26 @@ struct poll_link {
   bool linked = false;
 };
 
-/// Slow path of compcntr::wait (src/core/wait/wait.cpp).
-std::errc wait_slow(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
-                    const wait_options& opts) noexcept;
-/// Slow path of compcntr::wait_since: as wait_slow, with the error baseline given.
-std::errc wait_slow_since(slot& s, std::uint64_t threshold, std::uint64_t errors_seen,
-                          std::int64_t timeout_ms, const wait_options& opts) noexcept;
-/// wait_slow_since with a wrap-aware goal: done when ((value - base) & mask) >= need, i.e. the
+/// What a single-counter wait waits for: done when ((value - base) & mask) >= need, i.e. the
 /// counter moved at least `need` past `base` modulo mask + 1 (mask = the counter's max_value,
-/// 2^k - 1), even if it wrapped on the way. For callers that count modulo the counter's range
-/// (the credit tracker); need <= mask / 2 keeps "moved backwards" (a set() below base) apart
-/// from "moved forwards", but a move backwards also ends the wait (the caller re-checks).
-/// wait_slow_since is this with base 0, mask all ones, need = threshold.
-std::errc wait_slow_distance(slot& s, std::uint64_t base, std::uint64_t need, std::uint64_t mask,
-                             std::uint64_t errors_seen, std::int64_t timeout_ms,
-                             const wait_options& opts) noexcept;
-/// compcntr::poll_any over any list of slots (src/core/wait/poll.cpp).
+/// 2^k - 1), even if it wrapped on the way; fails with io_error when the error count differs
+/// from `errors_seen`. compcntr::wait is base 0, mask all ones, need = threshold, errors
+/// sampled at the start (`sample_errors`: a hardware mirror is refreshed first, so its catch-up
+/// does not count as "during the wait"). The credit tracker counts modulo the counter's range:
+/// need <= mask / 2 keeps "moved backwards" (a set() below base) apart from "moved forwards",
+/// but a move backwards also ends the wait (the caller re-checks).
+struct wait_goal {
+  std::uint64_t base = 0;
+  std::uint64_t need = 0;
+  std::uint64_t mask = ~std::uint64_t{0};
+  std::uint64_t errors_seen = 0;
+  bool sample_errors = true;
+};
+/// The slow path of every single-counter wait (compcntr::wait, wait_since, the credit
+/// tracker): the three phases of the file comment in one call (src/core/wait/wait.cpp).
+std::errc wait_slot(slot& s, const wait_goal& goal, std::int64_t timeout_ms,
+                    const wait_options& opts) noexcept;
+/// compcntr::poll_any over any list of slots (src/core/wait/wait.cpp).
 poll_result poll_slots(const slot_list& slots, const std::uint64_t* thresholds,
                        std::int64_t timeout_ms, const wait_options& opts) noexcept;
 /// Records "wait: counter is empty" and returns invalid_argument.
@@ -190,14 +194,14 @@ export namespace compcntr {
 /// (io_error), or `timeout` passes (timed_out; elapsed time >= timeout). timeout < 0: forever;
 /// 0: check once (after one progress call if a hook is set). An empty counter is
 /// invalid_argument. Memory ordering: acquire on success and io_error (file comment).
-inline std::errc wait(const counter& c, std::uint64_t threshold, std::chrono::milliseconds timeout,
+inline std::errc wait(counter_view c, std::uint64_t threshold, std::chrono::milliseconds timeout,
                       const wait_options& opts) noexcept {
   detail::slot* s = c.native_slot();
   if (s == nullptr) [[unlikely]] return detail::wait_on_empty();
   // Already there: one acquire load, no clock, no progress call (values only grow, except by
   // set(), so a stale hardware mirror that already shows the threshold is right too).
   if (s->load_value() >= threshold) return std::errc{};
-  return detail::wait_slow(*s, threshold, timeout.count(), opts);
+  return detail::wait_slot(*s, {.need = threshold}, timeout.count(), opts);
 }
 
 /// wait() against an error count the caller already read: io_error as soon as a check sees the
@@ -207,17 +211,19 @@ inline std::errc wait(const counter& c, std::uint64_t threshold, std::chrono::mi
 /// in which an error change would go unseen; passing the count it read closes that window.
 /// Otherwise as wait(): reaching the threshold wins over an error change seen at the same check,
 /// an already-reached threshold costs one acquire load. Memory ordering: as wait().
-inline std::errc wait_since(const counter& c, std::uint64_t threshold, std::uint64_t errors_seen,
+inline std::errc wait_since(counter_view c, std::uint64_t threshold, std::uint64_t errors_seen,
                             std::chrono::milliseconds timeout,
                             const wait_options& opts = {}) noexcept {
   detail::slot* s = c.native_slot();
   if (s == nullptr) [[unlikely]] return detail::wait_on_empty();
   if (s->load_value() >= threshold) return std::errc{};
-  return detail::wait_slow_since(*s, threshold, errors_seen, timeout.count(), opts);
+  return detail::wait_slot(
+      *s, {.need = threshold, .errors_seen = errors_seen, .sample_errors = false}, timeout.count(),
+      opts);
 }
 
 /// wait() with default options (5 us hot poll, back off, then sleep; no progress hook).
-inline std::errc wait(const counter& c, std::uint64_t threshold,
+inline std::errc wait(counter_view c, std::uint64_t threshold,
                       std::chrono::milliseconds timeout) noexcept {
   return wait(c, threshold, timeout, wait_options{});
 }
@@ -232,6 +238,10 @@ inline std::errc wait(const counter& c, std::uint64_t threshold,
 /// Memory ordering: as wait() for the counter returned.
 poll_result poll_any(std::span<const counter> counters, std::span<const std::uint64_t> thresholds,
                      std::chrono::milliseconds timeout, const wait_options& opts = {}) noexcept;
+/// poll_any over views (counters reached through counter_refs, device::resolve, ...; an empty
+/// view is invalid_argument).
+poll_result poll_any(std::span<const counter_view> counters, std::span<const std::uint64_t> thresholds,
+                     std::chrono::milliseconds timeout, const wait_options& opts = {}) noexcept;
 /// poll_any over counters held elsewhere (a null pointer is invalid_argument).
 poll_result poll_any(std::span<const counter* const> counters,
                      std::span<const std::uint64_t> thresholds, std::chrono::milliseconds timeout,
@@ -243,7 +253,7 @@ poll_result poll_any(std::span<const counter* const> counters,
 /// into it, when that QP is destroyed). Do not close it yourself. Creating it costs the increment path
 /// nothing; only arm_fd() does, until the next update. -1 and ec on failure (EMFILE, ENFILE,
 /// ENOMEM from eventfd; EINVAL for an empty counter).
-int pollable_fd(const counter& c, std::error_code& ec) noexcept;
+int pollable_fd(counter_view c, std::error_code& ec) noexcept;
 
 /// Arms the counter's fd (pollable_fd() must have been called: else EINVAL): the next update of
 /// the value or the error count after arm_fd makes the fd readable (POLLIN / EPOLLIN), once;
@@ -252,6 +262,6 @@ int pollable_fd(const counter& c, std::error_code& ec) noexcept;
 /// (as fi_trywait): arm_fd, then check the counter, and only if it is not done, epoll_wait.
 /// Readiness means "look at the counter"; it may be spurious (a racing update), never missed.
 /// Memory ordering: seq_cst RMW + seq_cst fence (file comment).
-void arm_fd(const counter& c, std::error_code& ec) noexcept;
+void arm_fd(counter_view c, std::error_code& ec) noexcept;
 
 }  // namespace compcntr

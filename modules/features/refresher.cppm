@@ -83,9 +83,9 @@ class mirror_refresher {
   /// Starts refreshing `c`'s mirror from the next round on. EINVAL: empty counter, counter of
   /// another device, or a software counter (its slot is the value: nothing to refresh);
   /// EEXIST: already watched; ENOMEM.
-  std::error_code watch(const counter& c) noexcept;
+  std::error_code watch(counter_view c) noexcept;
   /// Stops refreshing `c`; an answer already in flight for it is ignored. ENOENT if not watched.
-  std::error_code unwatch(const counter& c) noexcept;
+  std::error_code unwatch(counter_view c) noexcept;
 
   /// Stores every answer that has arrived into its mirror; starts the next round when this one
   /// is complete. Returns the number of mirrors written. Never blocks.

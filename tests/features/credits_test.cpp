@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <sys/syscall.h>
 #include <system_error>
@@ -170,7 +171,9 @@ TEST_CASE("credits: create and adopt validate their shape") {
   CHECK(msg().find("counts bytes") != std::string::npos);
   CHECK_FALSE(credit_tracker::adopt(dev, bad_empty, 1, ec));
   CHECK(ec == errc::invalid_argument);
-  CHECK_FALSE(credit_tracker::adopt(dev, {}, 1, ec));
+  CHECK_FALSE(credit_tracker::adopt(dev, std::span<compcntr::counter* const>{}, 1, ec));
+  CHECK(ec == std::errc::invalid_argument);
+  CHECK_FALSE(credit_tracker::adopt(dev, std::span<const compcntr::counter_view>{}, 1, ec));
   CHECK(ec == errc::invalid_argument);
   CHECK(dev.live_counters() == 2);  // nothing created or destroyed
 
@@ -180,7 +183,7 @@ TEST_CASE("credits: create and adopt validate their shape") {
     REQUIRE_FALSE(ec);
     CHECK(dev.live_counters() == 7);
     CHECK(tr.peer_counter(4).type() == compcntr::counter_type::wrs);
-    CHECK(&tr.peer_counter(0) != &tr.peer_counter(1));
+    CHECK(tr.peer_counter(0) != tr.peer_counter(1));
   }
   CHECK(dev.live_counters() == 2);
 }

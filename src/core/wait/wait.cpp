@@ -168,22 +168,15 @@ std::errc wait_on_empty() noexcept {
   return std::errc(fail(EINVAL, "wait: the counter is empty (moved from or destroyed)").value());
 }
 
-std::errc wait_slow(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
+std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
                     const wait_options& o) noexcept {
-  if (s.hw != nullptr && s.hw->refresh != nullptr)
-    s.hw->refresh(s);  // so a stale mirror's catch-up does not count as "during the wait"
-  return wait_slow_since(s, threshold, s.errors.load(std::memory_order_seq_cst), timeout_ms, o);
-}
-
-std::errc wait_slow_since(slot& s, std::uint64_t threshold, std::uint64_t err0,
-                          std::int64_t timeout_ms, const wait_options& o) noexcept {
-  return wait_slow_distance(s, 0, threshold, ~std::uint64_t{0}, err0, timeout_ms, o);
-}
-
-std::errc wait_slow_distance(slot& s, std::uint64_t base, std::uint64_t need, std::uint64_t mask,
-                             std::uint64_t err0, std::int64_t timeout_ms,
-                             const wait_options& o) noexcept {
   void (*const refresh)(slot&) noexcept = s.hw != nullptr ? s.hw->refresh : nullptr;
+  std::uint64_t err0 = g.errors_seen;
+  if (g.sample_errors) {
+    if (refresh != nullptr) refresh(s);  // so a stale mirror's catch-up is not "during the wait"
+    err0 = s.errors.load(std::memory_order_seq_cst);
+  }
+  const std::uint64_t base = g.base, need = g.need, mask = g.mask;
 
   auto test = [&]() noexcept -> outcome {
     if (((s.value.load(std::memory_order_seq_cst) - base) & mask) >= need) return {true, std::errc{}, 0};
@@ -328,6 +321,16 @@ poll_result poll_any(std::span<const counter> counters, std::span<const std::uin
   const detail::slot_list list{counters.data(), counters.size(),
                                [](const void* base, std::size_t i) noexcept -> detail::slot* {
                                  return static_cast<const counter*>(base)[i].native_slot();
+                               }};
+  return detail::poll_slots(list, thresholds.data(), timeout.count(), opts);
+}
+
+poll_result poll_any(std::span<const counter_view> counters, std::span<const std::uint64_t> thresholds,
+                     std::chrono::milliseconds timeout, const wait_options& opts) noexcept {
+  if (counters.size() != thresholds.size()) return length_mismatch(counters.size(), thresholds.size());
+  const detail::slot_list list{counters.data(), counters.size(),
+                               [](const void* base, std::size_t i) noexcept -> detail::slot* {
+                                 return static_cast<const counter_view*>(base)[i].native_slot();
                                }};
   return detail::poll_slots(list, thresholds.data(), timeout.count(), opts);
 }
