@@ -72,9 +72,11 @@ class counter_surface {
   /// to this counter while it lives, and reports ESTALE once it is destroyed (even after its
   /// slot went to a new counter). Memory ordering: relaxed load of the slot's generation, which
   /// only changes when the slot is freed (never while the counter lives).
-  inline counter_handle handle() const noexcept {
+  inline counter_id id() const noexcept {
     return {s()->generation.load(std::memory_order_relaxed), s()->index};
   }
+  /// The former name of id() (until 0.2; "handle" is the C struct's slot index).
+  [[deprecated("use id()")]] inline counter_id handle() const noexcept { return id(); }
 
  protected:
   counter_surface() noexcept = default;

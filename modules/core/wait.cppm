@@ -77,10 +77,13 @@ import :backoff;
 
 export namespace compcntr {
 
-/// A progress function: called by a waiting thread between checks (an emulated backend drains
-/// its completion queue here). It may update counters, but must not wait on the same counters,
-/// and must not throw (the waits are noexcept).
-using progress_fn = void (*)(void* ctx);
+/// A wait hook: called by a waiting thread between checks, to drive progress compcntr cannot
+/// see (the application's own CQ, a CQ bridge: compcntr_fi_bridge_progress). It may update
+/// counters, but must not wait on the same counters, and must not throw (the waits are
+/// noexcept). The C API calls it compcntr_progress_fn.
+using wait_hook_fn = void (*)(void* ctx);
+/// The former name of wait_hook_fn (until 0.2).
+using progress_fn [[deprecated("use compcntr::wait_hook_fn")]] = wait_hook_fn;
 
 /// wait_options::spin value: poll forever, never sleep (lowest latency, burns a core).
 inline constexpr std::chrono::nanoseconds spin_forever = std::chrono::nanoseconds::max();
@@ -89,27 +92,33 @@ inline constexpr std::chrono::nanoseconds spin_forever = std::chrono::nanosecond
 /// stage after it (5-10 us) a waiter busy-waits ~10-15 us before it sleeps: about one futex
 /// sleep + wake-up (see compcntr:backoff for why that is the right amount).
 inline constexpr std::chrono::nanoseconds default_spin = std::chrono::microseconds(5);
-/// Default longest sleep of a waiter that has a progress hook (or waits on a hardware-backed
-/// counter): 1 ms. A completion waits at most that long in an emulated backend's queue, and a
-/// waiter that wakes 1000 times per second (a few us each) uses well under 1% of a core,
-/// against P6's budget of 5%. libfabric's util wait uses 50 ms slices; this is finer.
-inline constexpr std::chrono::microseconds default_progress_interval = std::chrono::milliseconds(1);
+/// Default longest sleep of a waiter that has a wait hook; also the longest sleep of a waiter on
+/// a hardware-backed counter or a device with progress sources, whatever its hook's interval:
+/// 1 ms. A completion waits at most that long in an emulated backend's queue, and a waiter that
+/// wakes 1000 times per second (a few us each) uses well under 1% of a core, against P6's budget
+/// of 5%. libfabric's util wait uses 50 ms slices; this is finer.
+inline constexpr std::chrono::microseconds default_hook_interval = std::chrono::milliseconds(1);
+/// The former name of default_hook_interval (until 0.2).
+[[deprecated("use compcntr::default_hook_interval")]] inline constexpr std::chrono::microseconds
+    default_progress_interval = default_hook_interval;
 /// timeout value: wait forever (any negative timeout does).
 inline constexpr std::chrono::milliseconds wait_forever{-1};
 
-/// How a wait or poll spends its time. Aggregate: `wait_options{.spin = 0ns}`.
+/// How a wait or poll spends its time. Aggregate: `wait_options{.spin = 0ns, .hook = f}`.
+/// (hook, hook_ctx, hook_interval were called progress, progress_ctx, progress_interval before
+/// issue 13; the C struct compcntr_wait_attr keeps those names.)
 struct wait_options {
   /// Hot-poll time before backing off and then sleeping; 0: sleep as soon as a check fails;
   /// spin_forever: never sleep. See the file comment.
   std::chrono::nanoseconds spin = default_spin;
-  /// Called before every check and between sleeps; nullptr: none.
-  progress_fn progress = nullptr;
-  /// Passed to `progress`.
-  void* progress_ctx = nullptr;
-  /// Longest single sleep when `progress` is set (must be > 0); hardware-backed counters and
+  /// The wait hook: called before every check and between sleeps; nullptr: none.
+  wait_hook_fn hook = nullptr;
+  /// Passed to `hook`.
+  void* hook_ctx = nullptr;
+  /// Longest single sleep when `hook` is set (must be > 0); hardware-backed counters and
   /// devices with progress sources sleep at most min(this, 1 ms). Ignored otherwise: the waiter
   /// then sleeps until woken or timed out.
-  std::chrono::microseconds progress_interval = default_progress_interval;
+  std::chrono::microseconds hook_interval = default_hook_interval;
 };
 
 /// Outcome of poll_any: `status` is std::errc{} (counter `index` reached its threshold),

@@ -61,7 +61,7 @@
 //     auto tr = compcntr::credit_tracker::create(dev, npeers, 64, ec);
 //     qp_to[p].attach(tr.peer_counter(p), compcntr::attach_op::send, ec);   // in RESET
 //     ...
-//     if (tr.acquire(p, 1, compcntr::wait_forever, {.progress = poll_net}) == std::errc{})
+//     if (tr.acquire(p, 1, compcntr::wait_forever, {.hook = poll_net}) == std::errc{})
 //       qp_to[p].post_send(...);                 // its completion returns the credit
 //     tr.flush(p, compcntr::wait_forever);       // MPI_Win_flush: all of p's operations done
 module;

@@ -26,7 +26,7 @@ namespace {
 // The view of a counter reached only through its handle, as a runtime's table would hold it.
 compcntr::counter_ref resolved(compcntr::device& dev, const compcntr::counter& c) {
   std::error_code ec;
-  auto r = dev.resolve(c.handle(), ec);
+  auto r = dev.resolve(c.id(), ec);
   REQUIRE_FALSE(ec);
   REQUIRE(r);
   return r;
@@ -48,7 +48,7 @@ TEST_CASE("counter, counter_ref and counter_view share one surface over one slot
   CHECK(vc.errors() == 2);
   CHECK(vr.type() == compcntr::counter_type::bytes);
   CHECK(vr.index() == c.index());
-  CHECK(vr.handle() == c.handle());
+  CHECK(vr.id() == c.id());
   CHECK(vr.numa_node() == c.numa_node());
   vr.set(40);
   vc.set_error(0);

@@ -485,7 +485,7 @@ TEST_CASE("credits: a progress hook drives completions while acquire waits") {
   auto& tr = a.tr;
   REQUIRE(tr.acquire(0, 2, 0ms) == errc{});
   hook_state h{&a.c[0]};
-  const compcntr::wait_options o{.progress = complete_one, .progress_ctx = &h};
+  const compcntr::wait_options o{.hook = complete_one, .hook_ctx = &h};
   CHECK(tr.acquire(0, 2, compcntr::wait_forever, o) == errc{});  // no other thread at all
   CHECK(h.calls.load() == 2);
   // timeout 0: one check after one progress call.
@@ -523,7 +523,7 @@ TEST_CASE("credits: completed sends of a QP return credits (create + attach)") {
   CHECK(tr.outstanding(0) == 1);
   CHECK(tr.try_acquire(0, 1) == errc{});
   // The tracker's counter cannot be destroyed through a counter_ref either.
-  auto ref = dev.resolve(tr.peer_counter(0).handle(), ec);
+  auto ref = dev.resolve(tr.peer_counter(0).id(), ec);
   REQUIRE_FALSE(ec);
   CHECK(ref.value() == 1);
 }

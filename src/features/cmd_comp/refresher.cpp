@@ -156,7 +156,7 @@ std::error_code mirror_refresher::unwatch(counter_view c) noexcept {
   return {};
 }
 
-std::size_t mirror_refresher::progress() noexcept {
+std::size_t mirror_refresher::refresh() noexcept {
   std::unique_lock lock(st_->mu, std::try_to_lock);
   if (!lock.owns_lock()) return 0;
   const std::size_t written = st_->collect();
