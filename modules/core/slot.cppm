@@ -82,8 +82,8 @@ struct alignas(false_sharing_range) slot {
   /// (in-flight async queries, refreshers); never make destroy EBUSY. compcntr:lifetime.
   std::atomic<std::uint32_t> pins{0};
   const hw_counter_ops* hw = nullptr;       ///< nullptr: software counter (read before the RMW)
-  /// Bumped when the slot is freed (compcntr:lifetime): a counter_handle taken from one owner
-  /// never matches a later owner. 64 bits, so it cannot wrap while a handle is kept (2^32 reuses
+  /// Bumped when the slot is freed (compcntr:lifetime): a counter_id taken from one owner
+  /// never matches a later owner. 64 bits, so it cannot wrap while an id is kept (2^32 reuses
   /// of one slot take minutes in a create/destroy loop; 2^64 take millennia).
   std::atomic<std::uint64_t> generation{0};
   std::atomic<std::uint32_t> next_free{0};  ///< pool free-list link (slot index + 1, 0 = end)

@@ -61,7 +61,7 @@
 //     auto tr = compcntr::credit_tracker::create(dev, npeers, 64, ec);
 //     qp_to[p].attach(tr.peer_counter(p), compcntr::attach_op::send, ec);   // in RESET
 //     ...
-//     if (tr.acquire(p, 1, compcntr::wait_forever, {.progress = poll_net}) == std::errc{})
+//     if (tr.acquire(p, 1, compcntr::wait_forever, {.hook = poll_net}) == std::errc{})
 //       qp_to[p].post_send(...);                 // its completion returns the credit
 //     tr.flush(p, compcntr::wait_forever);       // MPI_Win_flush: all of p's operations done
 module;
@@ -90,7 +90,7 @@ struct credit_peer {
   /// Serialises release() calls for this peer (0 free, 1 held).
   std::atomic<std::uint32_t> release_lock{0};
   /// The peer's completion counter (owned by the tracker, or by whoever adopted it).
-  counter* c = nullptr;
+  counter_view c;
 };
 
 /// What one admission check found. Internal.
@@ -148,6 +148,9 @@ class credit_tracker {
   /// tracker; peer i is counters[i]). issued starts at each counter's value + errors: what the
   /// counters counted before is not outstanding, so adopt quiescent counters. EINVAL also for
   /// an empty list, a null or empty counter, a BYTES counter or more than 2^32 - 1 counters.
+  static credit_tracker adopt(const device& dev, std::span<const counter_view> counters,
+                              std::uint64_t credits_per_peer, std::error_code& ec) noexcept;
+  /// adopt() over pointers (a null pointer is EINVAL).
   static credit_tracker adopt(const device& dev, std::span<counter* const> counters,
                               std::uint64_t credits_per_peer, std::error_code& ec) noexcept;
 
@@ -188,7 +191,7 @@ class credit_tracker {
 
   /// The peer's completion counter: attach it to the QP (SEND) or bridge whose completions
   /// return this peer's credits. Precondition: peer < peers().
-  inline const counter& peer_counter(std::uint32_t peer) const noexcept { return *peers_[peer]->c; }
+  inline counter_view peer_counter(std::uint32_t peer) const noexcept { return peers_[peer]->c; }
 
   /// Credits taken so far (modulo 2^64). Precondition: peer < peers(). Memory ordering: relaxed.
   inline std::uint64_t issued(std::uint32_t peer) const noexcept {
@@ -196,13 +199,13 @@ class credit_tracker {
   }
   /// value + errors of the peer's counter (modulo its range). Precondition: peer < peers().
   inline std::uint64_t completed(std::uint32_t peer) const noexcept {
-    const counter& c = *peers_[peer]->c;
+    const counter_view c = peers_[peer]->c;
     return (c.value() + c.errors()) & mask_;
   }
   /// issued - completed modulo the counter's range: <= credits_per_peer() while the counts are
   /// consistent, above half the range when they are not. Precondition: peer < peers().
   inline std::uint64_t outstanding(std::uint32_t peer) const noexcept {
-    const counter& c = *peers_[peer]->c;
+    const counter_view c = peers_[peer]->c;
     const std::uint64_t done = c.value() + c.errors();  // before issued (acquire loads)
     return (peers_[peer]->issued.load(std::memory_order_relaxed) - done) & mask_;
   }
@@ -214,8 +217,8 @@ class credit_tracker {
   /// One admission check for `n` credits: reads the counter first, then CASes issued.
   /// Memory ordering: file comment.
   inline detail::credit_check try_take(detail::credit_peer& p, std::uint64_t n) noexcept {
-    const std::uint64_t v = p.c->value();   // acquire
-    const std::uint64_t e = p.c->errors();  // acquire: the load of issued stays after both
+    const std::uint64_t v = p.c.value();   // acquire
+    const std::uint64_t e = p.c.errors();  // acquire: the load of issued stays after both
     std::uint64_t i = p.issued.load(std::memory_order_relaxed);
     for (;;) {
       const std::uint64_t out = (i - v - e) & mask_;

@@ -287,11 +287,11 @@ class qp {
   /// move to RTS. EINVAL otherwise (same QP, other device, wrong state); ENOTSUP for verbs QPs.
   void connect(qp& peer, std::error_code& ec) noexcept;
   /// Attaches `c` for the attach_op bits of `opts.op_mask` (rules in the file comment).
-  void attach(const counter& c, const attach_options& opts, std::error_code& ec) noexcept;
-  inline void attach(const counter& c, std::uint32_t op_mask, std::error_code& ec) noexcept {
+  void attach(counter_view c, const attach_options& opts, std::error_code& ec) noexcept;
+  inline void attach(counter_view c, std::uint32_t op_mask, std::error_code& ec) noexcept {
     attach(c, attach_options{.comp_mask = 0, .op_mask = op_mask}, ec);
   }
-  inline void attach(const counter& c, attach_op op, std::error_code& ec) noexcept {
+  inline void attach(counter_view c, attach_op op, std::error_code& ec) noexcept {
     attach(c, static_cast<std::uint32_t>(op), ec);
   }
 

@@ -83,16 +83,22 @@ class mirror_refresher {
   /// Starts refreshing `c`'s mirror from the next round on. EINVAL: empty counter, counter of
   /// another device, or a software counter (its slot is the value: nothing to refresh);
   /// EEXIST: already watched; ENOMEM.
-  std::error_code watch(const counter& c) noexcept;
+  std::error_code watch(counter_view c) noexcept;
   /// Stops refreshing `c`; an answer already in flight for it is ignored. ENOENT if not watched.
-  std::error_code unwatch(const counter& c) noexcept;
+  std::error_code unwatch(counter_view c) noexcept;
 
   /// Stores every answer that has arrived into its mirror; starts the next round when this one
   /// is complete. Returns the number of mirrors written. Never blocks.
-  std::size_t progress() noexcept;
-  /// progress() for C-style progress hooks: `refresher` is a mirror_refresher*.
-  inline static int progress_hook(void* refresher) noexcept {
-    return static_cast<int>(static_cast<mirror_refresher*>(refresher)->progress());
+  std::size_t refresh() noexcept;
+  /// refresh() as a wait hook (compcntr::wait_options::hook): `refresher` is a
+  /// mirror_refresher*.
+  inline static void refresh_hook(void* refresher) noexcept {
+    static_cast<mirror_refresher*>(refresher)->refresh();
+  }
+  /// The former names of refresh() and refresh_hook (until 0.2; progress_hook returns the count).
+  [[deprecated("use refresh()")]] inline std::size_t progress() noexcept { return refresh(); }
+  [[deprecated("use refresh_hook")]] inline static int progress_hook(void* refresher) noexcept {
+    return static_cast<int>(static_cast<mirror_refresher*>(refresher)->refresh());
   }
 
   /// The cmd_comp fd: readable while answers wait for progress().

@@ -564,7 +564,7 @@ TEST_CASE("handles: resolve a live counter, ESTALE after destroy even once the s
   std::error_code ec;
   auto c = dev.create_counter(compcntr::counter_type::bytes, ec);
   REQUIRE_FALSE(ec);
-  const compcntr::counter_handle h = c.handle();
+  const compcntr::counter_id h = c.id();
   CHECK(h.index == c.index());
   {
     auto r = dev.resolve(h, ec);
@@ -572,7 +572,7 @@ TEST_CASE("handles: resolve a live counter, ESTALE after destroy even once the s
     REQUIRE(r);
     CHECK(r.index() == c.index());
     CHECK(r.type() == compcntr::counter_type::bytes);
-    CHECK(r.handle() == h);
+    CHECK(r.id() == h);
     r.add(5);
     CHECK(c.value() == 5);
     // A referenced counter cannot be destroyed by destroy(ec): EBUSY, nothing changes.
@@ -594,16 +594,16 @@ TEST_CASE("handles: resolve a live counter, ESTALE after destroy even once the s
   auto next = dev.create_counter(compcntr::counter_type::wrs, ec);
   REQUIRE_FALSE(ec);
   CHECK(next.index() == h.index);
-  CHECK_FALSE(next.handle() == h);
+  CHECK_FALSE(next.id() == h);
   auto again = dev.resolve(h, ec);
   CHECK(ec.value() == ESTALE);
   CHECK_FALSE(again);
   CHECK(next.value() == 0);
-  auto fresh = dev.resolve(next.handle(), ec);
+  auto fresh = dev.resolve(next.id(), ec);
   CHECK_FALSE(ec);
   CHECK(fresh);
   // Handles that name no slot at all.
-  CHECK_FALSE(dev.resolve(compcntr::counter_handle{}, ec));
+  CHECK_FALSE(dev.resolve(compcntr::counter_id{}, ec));
   CHECK(ec == std::errc::invalid_argument);
   CHECK_FALSE(dev.resolve({.generation = 0, .index = 123456789}, ec));
   CHECK(ec == std::errc::invalid_argument);
@@ -613,7 +613,7 @@ TEST_CASE("handles: a counter_ref outlives its owner's reset(); the last holder 
   auto dev = open_soft();
   std::error_code ec;
   auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
-  const auto h = c.handle();
+  const auto h = c.id();
   auto r = dev.resolve(h, ec);
   REQUIRE(r);
   c.reset();  // the owner lets go; the ref keeps the counter
@@ -636,7 +636,7 @@ TEST_CASE("handles under races: a stale handle never reaches the slot's new owne
   auto dev = open_soft();
   std::error_code ec;
   auto first = dev.create_counter(compcntr::counter_type::wrs, ec);
-  const auto h = first.handle();
+  const auto h = first.id();
   first.reset();
   std::atomic<bool> done{false};
   std::atomic<long> wrongly_resolved{0}, resolves{0};
@@ -679,7 +679,7 @@ TEST_CASE("handles under races: resolve racing with the owner's destruction") {
     std::error_code ec;
     auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
     REQUIRE_FALSE(ec);
-    const auto h = c.handle();
+    const auto h = c.id();
     std::atomic<long> counted{0};
     std::atomic<bool> go{false};
     std::atomic<int> bad{0};

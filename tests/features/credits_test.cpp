@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <sys/syscall.h>
 #include <system_error>
@@ -170,7 +171,9 @@ TEST_CASE("credits: create and adopt validate their shape") {
   CHECK(msg().find("counts bytes") != std::string::npos);
   CHECK_FALSE(credit_tracker::adopt(dev, bad_empty, 1, ec));
   CHECK(ec == errc::invalid_argument);
-  CHECK_FALSE(credit_tracker::adopt(dev, {}, 1, ec));
+  CHECK_FALSE(credit_tracker::adopt(dev, std::span<compcntr::counter* const>{}, 1, ec));
+  CHECK(ec == std::errc::invalid_argument);
+  CHECK_FALSE(credit_tracker::adopt(dev, std::span<const compcntr::counter_view>{}, 1, ec));
   CHECK(ec == errc::invalid_argument);
   CHECK(dev.live_counters() == 2);  // nothing created or destroyed
 
@@ -180,7 +183,7 @@ TEST_CASE("credits: create and adopt validate their shape") {
     REQUIRE_FALSE(ec);
     CHECK(dev.live_counters() == 7);
     CHECK(tr.peer_counter(4).type() == compcntr::counter_type::wrs);
-    CHECK(&tr.peer_counter(0) != &tr.peer_counter(1));
+    CHECK(tr.peer_counter(0) != tr.peer_counter(1));
   }
   CHECK(dev.live_counters() == 2);
 }
@@ -482,7 +485,7 @@ TEST_CASE("credits: a progress hook drives completions while acquire waits") {
   auto& tr = a.tr;
   REQUIRE(tr.acquire(0, 2, 0ms) == errc{});
   hook_state h{&a.c[0]};
-  const compcntr::wait_options o{.progress = complete_one, .progress_ctx = &h};
+  const compcntr::wait_options o{.hook = complete_one, .hook_ctx = &h};
   CHECK(tr.acquire(0, 2, compcntr::wait_forever, o) == errc{});  // no other thread at all
   CHECK(h.calls.load() == 2);
   // timeout 0: one check after one progress call.
@@ -520,7 +523,7 @@ TEST_CASE("credits: completed sends of a QP return credits (create + attach)") {
   CHECK(tr.outstanding(0) == 1);
   CHECK(tr.try_acquire(0, 1) == errc{});
   // The tracker's counter cannot be destroyed through a counter_ref either.
-  auto ref = dev.resolve(tr.peer_counter(0).handle(), ec);
+  auto ref = dev.resolve(tr.peer_counter(0).id(), ec);
   REQUIRE_FALSE(ec);
   CHECK(ref.value() == 1);
 }

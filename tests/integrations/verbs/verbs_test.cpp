@@ -735,8 +735,8 @@ TEST_CASE("a hook paced slowly does not slow down driving the device's CQs") {
   const auto t0 = std::chrono::steady_clock::now();
   std::thread waiter([&] {
     compcntr::wait_options o{.spin = 0ns};
-    o.progress = [](void*) noexcept {};
-    o.progress_interval = 10s;       // the hook wants 10 s slices; the CQ still needs 1 ms ones
+    o.hook = [](void*) noexcept {};
+    o.hook_interval = 10s;       // the hook wants 10 s slices; the CQ still needs 1 ms ones
     rc = static_cast<int>(compcntr::wait(c, 1, 20s, o));
   });
   while ((c.native_slot()->watch.load() & compcntr::detail::watch_sleepers_mask) == 0)
