@@ -103,6 +103,18 @@ cmake)
   check_version "$((maj + 1)).0" FALSE
   if [ "$maj" -eq 0 ]; then check_version "0.$((min + 1))" FALSE; fi
   [ "$min" -gt 0 ] && [ "$maj" -eq 0 ] && check_version "0.$((min - 1))" FALSE
+  if [ $hook_installed = no ]; then
+    # The fi_hook logic without the hook (not in this tree): an (empty) file where the hook
+    # installs must give the target, with that file as its location.
+    mkdir -p "$libdir/libfabric"
+    : >"$libdir/libfabric/libcompcntr-fi.so"
+    env -u PKG_CONFIG_SYSROOT_DIR -u PKG_CONFIG_PATH cmake "$p/build" >"$tmp/cmake2.log" 2>&1 ||
+      { cat "$tmp/cmake2.log"; fail "cmake reconfigure failed"; }
+    grep -qx "fi_hook=TRUE" "$p/build/found.txt" || fail "compcntr::fi_hook missing with $libdir/libfabric/libcompcntr-fi.so present"
+    grep -q "compcntr fi_hook: $libdir/libfabric/libcompcntr-fi.so" "$tmp/cmake2.log" || fail "compcntr::fi_hook location: $(grep 'fi_hook' "$tmp/cmake2.log")"
+    rm "$libdir/libfabric/libcompcntr-fi.so"
+    echo "  fi_hook: no hook in this tree; with a file at its place the target appears (checked)"
+  fi
   echo "cmake: OK (fabric=$fabric, fi_hook installed=$hook_installed)"
   ;;
 
