@@ -2,7 +2,7 @@
 """Turn a docs/ reference page into its man page (and .so links), with pandoc.
 
 The docs/ page *is* the man source: nothing is written twice, so the two cannot drift.
-Format of a page (docs/man-format.md says it at length):
+Format of a page (docs/consuming.md, section "Man pages", says it too):
 
     # <page>(<section>) — <one-line summary>
     ## NAME
@@ -125,8 +125,6 @@ def upper_inlines(inls):
     for e in inls:
         if e.get('t') == 'Str':
             out.append(Str(e['c'].upper()))
-        elif e.get('t') == 'Code':
-            out.append(Str(e['c'][1].upper()))
         elif e.get('t') in ('Emph', 'Strong'):
             out.extend(upper_inlines(e['c']))
         else:
