@@ -1,7 +1,7 @@
 // compcntr:device -- an opened device (software or RDMA), the factory of counters.
 //
-// Purpose: one object per opened device; counters, QPs, memory regions (and, in later layers,
-// command completions) are created from it.
+// Purpose: one object per opened device; counters, QPs, memory regions and command completions
+// are created from it. The device core behind it (compcntr:backend) is what every layer shares.
 // Requirements: move-only. Creating objects from one device in many threads at once is allowed.
 // Guarantees:
 //   * open("soft") always works; open("auto") (or an empty name) picks a native RDMA device that
@@ -9,6 +9,11 @@
 //   * the device outlives every object created from it: the device object's destructor
 //     releases its reference and the device is freed with its last object. close(ec) is the
 //     checked form: EBUSY while objects live, and the device object stays valid.
+//   * create_counter: EINVAL (unknown type or node), ENOTSUP (type), ENOMEM (max_counters
+//     live); a refused create changes nothing.
+// Memory ordering: objects of the device hold references (relaxed increment, acq_rel release:
+// the last releaser sees every holder's writes before the device is freed).
+//
 // Example:
 //     std::error_code ec;
 //     auto dev = compcntr::device::open("auto", ec);        // "soft" on a machine without RDMA

@@ -1,4 +1,6 @@
-// compcntr:types -- the small value types shared by every layer.
+// compcntr:types -- the small value types shared by every layer: counter_type, attach_op,
+// counter_caps, counter_values, counter_id, counter_options. Plain values: no requirements, no
+// memory ordering (each type's comment says what its fields mean).
 module;
 #include <cstdint>
 export module compcntr:types;

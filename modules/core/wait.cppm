@@ -1,66 +1,28 @@
-// compcntr:wait -- waiting for counters: wait, poll_any, pollable fds, progress hooks.
+// compcntr:wait -- waiting for counters: wait, wait_since, poll_any, pollable fds.
 //
 // Purpose: runtimes spend their life waiting for a counter to reach a threshold. These calls
-// answer as fast as the hardware allows when the answer is near (they poll), and burn no CPU
-// when it is far (they sleep in the kernel on the slot's futex word).
+// answer as fast as the hardware allows when the answer is near and burn no CPU when it is far:
+// (1) hot poll with `pause` for wait_options::spin (default 5 us), (2) compcntr::backoff (longer
+// pauses, then yields, ~5-10 us), (3) register in the slot's `watch` word, re-check, FUTEX_WAIT.
+// spin == 0 sleeps at once; spin_forever never sleeps. A wait hook (wait_options::hook) runs
+// before every check and the waiter then sleeps at most hook_interval at a time; counters that
+// need device progress (hardware-backed, or a device with progress sources) sleep at most 1 ms.
+// Full reference: docs/wait.md.
 //
-// How a wait proceeds (wait_options::spin decides the first two phases):
-//   1. hot:     check, `pause`, check, ... for `spin` (default 5 us). Lowest latency.
-//   2. backoff: compcntr::backoff::snooze() between checks: longer and longer pauses, then a few
-//               sched_yield()s (about 5-10 us more, see compcntr:backoff).
-//   3. sleep:   register in the slot's `watch` word, re-check, FUTEX_WAIT on `wake_seq`.
-//   spin == 0 skips 1 and 2 (every wait that is not already satisfied sleeps: the "forced
-//   sleep" mode); spin == spin_forever never leaves 1 (the "spin only" mode: never sleeps).
-// A progress hook is called before every check of every phase, and a waiter with a hook sleeps
-// at most progress_interval at a time, so it never stops driving progress. A waiter on a
-// hardware-backed counter (whose device writes do not wake anyone) or on a counter whose device
-// has progress sources (emulated verbs CQs, driven with no hook needed) sleeps at most
-// min(progress_interval, 1 ms). Whether to slice is decided at each sleep, after registering:
-// attaching a counter to a QP wakes its sleepers so they decide again (slot::kick).
-//
-// Threshold comparison: a counter has reached `threshold` when `value >= threshold`, compared as
-// plain unsigned 64-bit numbers (verbs, fi_cntr_wait and PtlCTWait semantics). This is NOT
-// wrap-aware: a counter that passes the threshold and then wraps past max_value before the
-// waiter looks has not "reached" it. Serial-number comparison (RFC 1982: (int64_t)(value -
-// threshold) >= 0) would survive wrap, but would call every threshold more than 2^63 ahead
-// "already reached" (wait(c, UINT64_MAX, t), the usual way to wait for errors only, would return
-// at once). At 64 bits wrap needs 2^64 increments (584 years at 10^9 per second) or a set()
-// near max_value, so >= is the right trade; a runtime using set() near the top of the range
-// must compute its thresholds with that in mind.
-//
-// Errors: the error count is sampled when the wait begins; the wait fails with EIO
-// (std::errc::io_error, libfabric's -FI_EAVAIL) when it differs from that sample at a check.
-// A change before the wait began does not count. Reaching the threshold wins over an error
-// change seen at the same check (the order fi_cntr_wait uses).
-//
-// Memory ordering (Abseil style, for every operation of this file):
-//   * wait / poll_any success or EIO: acquire. Everything the thread that made the counter reach
-//     the threshold (or changed its error count) wrote before its add()/set() is visible after
-//     the call returns. The checks are seq_cst loads (a plain load on x86-64).
-//   * No lost wake-up: a sleeper increments slot::watch (seq_cst RMW) and then re-checks (seq_cst
-//     loads); an updater changes the value (seq_cst RMW or store) and then loads watch (seq_cst).
-//     In the single total order of seq_cst operations one of them sees the other (the Dekker
-//     argument of compcntr:slot). The futex word (wake_seq) is read before the re-check and
-//     bumped by the updater before FUTEX_WAKE, so a waiter between its re-check and the kernel
-//     finds it changed. Every happens-before edge goes through the C++ atomics, never through
-//     the futex syscall alone, so ThreadSanitizer (which does not model futexes) sees them.
-//   * arm_fd: a seq_cst RMW of slot::watch followed by a seq_cst fence. Any update that comes
-//     after it in the total order makes the fd readable; an update before it is visible to a
-//     read of the counter made after arm_fd returns. fd readiness itself orders nothing: read
-//     the counter (acquire) after the fd reports readable.
-//   * progress hooks run in the waiting thread, with no compcntr lock held and the waiter not
-//     registered as a sleeper (a hook's own increments cost no wake-up syscall).
-//
-// Requirements: the counters stay alive during the call (destroying a counter something waits
-// on, or polls on, is undefined, as in verbs). Any number of threads may wait on, poll on, arm
-// and update the same counters at once.
+// Requirements: the counters stay alive during the call (destroying one something waits on is
+// undefined, as in verbs). Any number of threads may wait on, poll, arm and update the same
+// counters at once.
+// Guarantees: reached means value >= threshold as plain unsigned numbers (verbs, fi_cntr_wait;
+// not wrap-aware: docs/wait.md says why); io_error when the error count differs from its sample
+// at the wait's start (wait_since: from the caller's), the threshold winning at the same check;
+// timed_out never early; poll_any is fair (each thread resumes its scan after its last answer).
+// Memory ordering: success and io_error are acquire (the updater's earlier writes are visible).
+// No lost wake-up: a sleeper's seq_cst RMW on `watch` before its re-check pairs with the
+// updater's seq_cst RMW on the value before its load of `watch` (compcntr:slot). arm_fd is a
+// seq_cst RMW + fence: any later update signals the fd; the fd's readiness itself orders nothing.
 //
 // Example:
-//     std::error_code ec;
-//     auto dev = compcntr::device::open("soft", ec);
-//     auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
 //     std::thread t([&] { c.add(4); });
-//     using namespace std::chrono_literals;
 //     if (compcntr::wait(c, 4, 1s) == std::errc{}) { /* 4 completions */ }
 //     t.join();
 module;
@@ -87,7 +49,7 @@ using progress_fn [[deprecated("use compcntr::wait_hook_fn")]] = wait_hook_fn;
 
 /// wait_options::spin value: poll forever, never sleep (lowest latency, burns a core).
 inline constexpr std::chrono::nanoseconds spin_forever = std::chrono::nanoseconds::max();
-/// Default hot-poll time: about 15 cross-core round trips (310-320 ns each, performance.md):
+/// Default hot-poll time: about 15 cross-core round trips (310-320 ns each, the performance spec's reference):
 /// an answer that is that close is caught at the cache-line transfer latency. With the backoff
 /// stage after it (5-10 us) a waiter busy-waits ~10-15 us before it sleeps: about one futex
 /// sleep + wake-up (see compcntr:backoff for why that is the right amount).

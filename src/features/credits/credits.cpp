@@ -1,5 +1,44 @@
 // compcntr::credit_tracker (modules/features/credits.cppm): creation, the waiting half of acquire,
 // release and flush. Built from the public counter and wait API only.
+//
+// Model, per peer p (all counts unsigned 64-bit, compared modulo the counter's range):
+//   issued(p)      credits ever taken by acquire() (a lock-free atomic of the tracker)
+//   completed(p)   value + errors of p's counter: network completions, successful or not, and
+//                  credits given back by release()
+//   outstanding(p) = issued(p) - completed(p), never more than credits_per_peer.
+//   acquire(p, n) takes n credits when outstanding + n <= credits_per_peer, atomically (one CAS
+//   on issued), else waits (compcntr::wait_since on the completion count that would admit it:
+//   spin, back off, sleep in the kernel; wait hooks run meanwhile).
+//   release(p, n) gives back n credits whose operations will never complete into the counter
+//   (cancelled before they were posted): it adds n to the counter (a "software completion"),
+//   refusing more than is outstanding.
+// Errors: an operation that completed in error is over and returns its credit (the counter's
+// error count is part of completed). A call that has to wait reports the failure: it returns
+// io_error when the error count changes during the call (sampled by its first check) and the
+// change did not satisfy it; a call satisfied at the same check succeeds (compcntr::wait's rule).
+// Inconsistent counts (completed ahead of issued: the counter was set(), counts completions that
+// took no credit, or a credit was both released and completed) are value_too_large (EOVERFLOW).
+//
+// Wrap-around: every difference is taken modulo max_value + 1 of the device (2^64 on the
+// software device), so issued and completed may wrap freely: outstanding stays exact while it
+// is below half that range (credits_per_peer is limited to a quarter of it). Waiters wait on a
+// distance modulo that range (detail::wait_slot with a wait_goal: "n more than the value I
+// saw"), so a counter that wraps on the way, or jumps over the goal and wraps, still wakes them.
+//
+// Memory ordering:
+//   * acquire success: the counter is read with acquire loads before the CAS on issued, so
+//     everything the thread that completed (or released) the operations whose credits were
+//     reused wrote before its completion is visible after acquire returns. The CAS itself is
+//     relaxed: admission depends only on the modification order of `issued` (the CAS reads its
+//     latest value) and on the counter being monotone (an earlier read is never larger than its
+//     value at the CAS), so it needs no fence; acquire loads keep the read of issued after the
+//     read of the counter (a stale completed count only makes admission stricter, and a stale
+//     issued count fails the CAS).
+//   * release: a per-peer spin lock (acquire exchange / release store) serialises releasers of
+//     one peer, so two releases can never both pass the "outstanding >= n" check; the counter
+//     add inside is a seq_cst RMW (it wakes sleeping acquirers, compcntr:slot). Acquirers,
+//     completions and flushes never take this lock.
+//   * flush success: acquire (acquire loads of the counter, or compcntr::wait_since).
 module;
 #include <algorithm>
 #include <atomic>
