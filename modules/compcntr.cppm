@@ -6,12 +6,16 @@
 //     auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
 //     c.add();
 //
-// Partitions, bottom up: cache_padded, error, types, backoff (spin, yield, block), slot (memory
-// ordering), pool (where slots live), backend (device interface), counter, counter_ref
-// (handles), mr (registered memory), qp (queue pairs, attach), device, wait (wait, poll_any,
-// pollable fds), cmd_comp (asynchronous command completion), refresher (mirrors of
-// device-held counters), credits (per-peer credit tracking for MPI runtimes). See
-// docs/architecture.md.
+// Partitions, bottom up (a unit imports only units listed before it; docs/architecture.md):
+//   core (modules/core/): cache_padded, error, types, backoff, slot (memory ordering), lifetime
+//     (refs, pins, generation, the free path), pool (where slots live), backend (the device
+//     seam and the device core), counter (counter, counter_view), counter_ref (resolved ids),
+//     device, wait (wait, poll_any, pollable fds);
+//   features (modules/features/): mr (registered memory), qp (queue pairs, attach), cmd_comp
+//     (asynchronous command completion), refresher (mirrors of device-held counters), credits
+//     (per-peer credit tracking for MPI runtimes).
+module;
+#include <string_view>
 export module compcntr;
 export import :cache_padded;
 export import :error;
@@ -30,3 +34,12 @@ export import :qp;
 export import :cmd_comp;
 export import :refresher;
 export import :credits;
+
+export namespace compcntr {
+
+/// The version of the compcntr library the program runs with, e.g. "0.1.0": the project
+/// version of meson.build, the same string as compcntr_version() and COMPCNTR_VERSION_STRING
+/// (<compcntr/version.h>, the headers' version). A static string (NUL-terminated).
+std::string_view version() noexcept;
+
+}  // namespace compcntr

@@ -103,7 +103,7 @@ struct compcntr_credits* compcntr_credits_create(struct compcntr_device* dev, ui
     c_counter* c = make_c_counter(dev, std::move(cxx_counter));
     if (!c) return undo(fail(ENOMEM, "credits_create: out of memory"));
     cr->counters[i] = c;
-    cr->pins[i] = dev->dev.resolve(c->cxx.handle(), ec);
+    cr->pins[i] = dev->dev.resolve(c->cxx.id(), ec);
     if (ec) return undo(ec);
     cxx[i] = &c->cxx;
   }

@@ -108,7 +108,7 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
   // The slot is a live counter now, holding the device through the pool's live count (no
   // reference of its own: device_core::retain). A failed bind gives it back the way a destroyed
   // counter goes (last reference drops it). It must not go straight back to the pool: a
-  // resolver holding a stale handle of the slot's previous counter may have taken a reference
+  // resolver holding a stale id of the slot's previous counter may have taken a reference
   // since the pool handed it out (its CAS sees refs == 1), and that reference must be dropped
   // on this slot, not on the slot's next owner.
   if (auto e = core_->be().bind_counter(*s)) {
