@@ -55,6 +55,13 @@ __attribute__((noinline)) void opcount_create_destroy(compcntr::device& dev,
   for (std::uint64_t i = 0; i < n; ++i) v[i].reset();
 }
 
+/// P12's operations on a striped counter (one thread: the stripe choice and the RMW).
+__attribute__((noinline)) void opcount_striped_add(compcntr::counter& c, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) c.add(1);
+}
+__attribute__((noinline)) void opcount_striped_read(const compcntr::counter& c, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) bench::keep(c.value());
+}
 /// One create + destroy at a time (the pool's hot path, P7's "one at a time").
 __attribute__((noinline)) void opcount_create_destroy_one(compcntr::device& dev, std::uint64_t n) {
   std::error_code ec;
@@ -140,7 +147,7 @@ int main(int argc, char** argv) {
   const char* ops = "read raw_load add raw_add create_destroy create_destroy_one freelist_one "
                     "freelist_all c_read c_read_err c_inc c_inc_err c_wait_satisfied c_raw_load "
                     "c_raw_fetch_add c_create_destroy wait_poll wait_poll_timeout raw_poll "
-                    "raw_poll_timeout";
+                    "raw_poll_timeout striped_add striped_read";
   if (argc != 3) {
     std::fprintf(stderr, "usage: compcntr_opcount OP N   (OP: %s)\n", ops);
     return 2;
@@ -171,6 +178,11 @@ int main(int argc, char** argv) {
     std::vector<compcntr::counter> v(n);
     warm_pool(dev, v, n);
     opcount_create_destroy(dev, v, n);
+  } else if (op == "striped_add" || op == "striped_read") {
+    auto sc = dev.create_counter(compcntr::counter_options{.stripes = 2}, ec);
+    if (ec) return std::fprintf(stderr, "create striped: %s\n", compcntr::last_error_message().data()), 1;
+    if (op == "striped_add") opcount_striped_add(sc, n);
+    else opcount_striped_read(sc, n);
   } else if (op == "create_destroy_one") {
     opcount_create_destroy_one(dev, n);
   } else if (op == "freelist_one" || op == "freelist_all") {
