@@ -10,7 +10,8 @@
 // ordering), pool (where slots live), backend (device interface), counter, counter_ref
 // (handles), mr (registered memory), qp (queue pairs, attach), device, wait (wait, poll_any,
 // pollable fds), cmd_comp (asynchronous command completion), refresher (mirrors of
-// device-held counters), credits (per-peer credit tracking for MPI runtimes). See
+// device-held counters), credits (per-peer credit tracking for MPI runtimes), tracker
+// (issued vs completed one-sided operations: quiet). See
 // docs/architecture.md.
 export module compcntr;
 export import :cache_padded;
@@ -29,3 +30,4 @@ export import :wait;
 export import :cmd_comp;
 export import :refresher;
 export import :credits;
+export import :tracker;

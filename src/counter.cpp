@@ -16,8 +16,8 @@ void counter::destroy(std::error_code& ec) noexcept {
   if (!s_->refs.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
                                         std::memory_order_acquire)) {
     detail::fail_into(ec, EBUSY, "destroy_comp_cntr: counter %u is still attached to a QP or "
-                      "held by a counter_ref or a credit tracker (%u reference(s) besides its "
-                      "owner's)", s_->index,
+                      "held by a counter_ref, a credit tracker or a completion tracker (%u "
+                      "reference(s) besides its owner's)", s_->index,
                       expected - 1);
     return;
   }
