@@ -60,6 +60,16 @@ struct compcntr_wait_attr {
  * comp_mask bit, spin_ns < 0 or progress_interval_us == 0. */
 int compcntr_wait_comp_cntr_ex(struct compcntr_comp_cntr *cc, uint64_t threshold, int timeout_ms,
                                const struct compcntr_wait_attr *attr);
+/* compcntr_wait_comp_cntr_ex against an error count the caller already read: EIO as soon as a
+ * check (the first one included) sees the error count differ from errors_seen, instead of
+ * "changed during the wait". For a caller that reads the counter, decides what to wait for,
+ * and then waits: an error that arrives between its read and the wait's own sample would
+ * otherwise go unseen (C++ compcntr::wait_since). Reaching the threshold still wins over an
+ * error change seen at the same check. attr NULL: defaults. */
+int compcntr_wait_comp_cntr_since(struct compcntr_comp_cntr *cc, uint64_t threshold,
+                                  uint64_t errors_seen, int timeout_ms,
+                                  const struct compcntr_wait_attr *attr);
+
 /* compcntr_poll_comp_cntrs with options (attr NULL: defaults). */
 int compcntr_poll_comp_cntrs_ex(struct compcntr_comp_cntr *const *ccs, const uint64_t *thresholds,
                                 size_t n, int timeout_ms, size_t *which,
