@@ -271,12 +271,24 @@ static void live_tick(struct rt *rt, int force)
 
 /* ---- progress --------------------------------------------------------------------------- */
 
+/* A receive queue that stays full is a setup error (more buffers than the provider's
+ * receive queue holds): bounded, never a hang. */
+static int rx_full(struct rt *rt, double *deadline, const char *what)
+{
+	if (*deadline == 0) *deadline = now_s() + rt->o.timeout_ms / 1e3;
+	fi_cq_read(rt->rxcq, NULL, 0);  /* drives progress without consuming entries */
+	if (now_s() < *deadline) return 0;
+	return fail(rt, "fi_trecv(%s) kept returning -FI_EAGAIN: the receive queue holds %zu entries, "
+		    "fewer than the buffers to post (lower --window)", what, rt->info->rx_attr->size);
+}
+
 static int post_data_recv(struct rt *rt, struct peer *p, struct rx_slot *s)
 {
 	ssize_t r;
+	double deadline = 0;
 	while ((r = fi_trecv(rt->ep, s->buf, rt->o.size, rt->rdesc, FI_ADDR_UNSPEC, TAG_DATA | s->src, 0,
 			     &s->ctx)) == -FI_EAGAIN)
-		fi_cq_read(rt->rxcq, NULL, 0);  /* drives progress without consuming entries */
+		if (rx_full(rt, &deadline, "data")) return -1;
 	if (r) return fail(rt, "fi_trecv(data from rank %u): %s", s->src, fi_strerror((int)-r));
 	p->posted++;
 	return 0;
@@ -285,9 +297,10 @@ static int post_data_recv(struct rt *rt, struct peer *p, struct rx_slot *s)
 static int post_credit_recv(struct rt *rt, struct rx_slot *s)
 {
 	ssize_t r;
+	double deadline = 0;
 	while ((r = fi_trecv(rt->ep, NULL, 0, NULL, FI_ADDR_UNSPEC, TAG_CREDIT | s->src, 0, &s->ctx)) ==
 	       -FI_EAGAIN)
-		fi_cq_read(rt->rxcq, NULL, 0);
+		if (rx_full(rt, &deadline, "credits")) return -1;
 	if (r) return fail(rt, "fi_trecv(credits from rank %u): %s", s->src, fi_strerror((int)-r));
 	return 0;
 }
@@ -448,7 +461,11 @@ struct rt *rt_open(const struct rt_opts *o)
 	if (opt->rma_batch == 0) opt->rma_batch = 1;
 	rt->st.rank = rt->rank;
 	rt->st.my_window = opt->window + (opt->vary_windows && (rt->rank & 1) ? opt->window / 2 : 0);
-	const uint32_t nrx = opt->flow ? rt->st.my_window : (uint32_t)opt->msgs;
+	/* Receive buffers per source: the window, with or without flow control. Without it the
+	 * senders do not wait for credits, and what finds no posted buffer waits in the provider's
+	 * unexpected-message queue (rxm buffers it) until a buffer is reposted: the traffic the
+	 * credits exist to prevent, kept as the benchmark's reference. */
+	const uint32_t nrx = rt->st.my_window;
 
 	/* the provider */
 	if (opt->iface) {
@@ -1032,8 +1049,8 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 		       "before it was sent: violations %" PRIu64 "; truncation / error completions %" PRIu64 ")  %s\n",
 		       credit_viol, errors, verdict(c));
 	else
-		printf("  check: no error completions (receivers pre-posted every buffer: %" PRIu64 ")  %s\n", errors,
-		       verdict(c));
+		printf("  check: no error completions (%" PRIu64 "; without flow control messages that found no "
+		       "posted buffer waited in the provider's unexpected queue)  %s\n", errors, verdict(c));
 	if (o->flow) {
 		c = inflight_viol == 0 && max_inflight <= max_window && max_inflight > 0;
 		ok &= c;

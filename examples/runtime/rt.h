@@ -33,7 +33,7 @@ struct rt_opts {
 	uint32_t window;        /* receive buffers each rank keeps posted per source */
 	int vary_windows;       /* odd ranks post window + window / 2 (per-peer windows) */
 	uint32_t batch;         /* credits returned per credit message (0: window / 4, >= 1) */
-	int flow;               /* 1: credit flow control; 0: receivers pre-post everything */
+	int flow;               /* 1: credit flow control; 0: none (the reference: senders never wait) */
 	uint64_t writes;        /* RMA writes to every other rank */
 	uint32_t wsize;         /* bytes per RMA write */
 	uint32_t rma_batch;     /* writes per peer between two quiets */
@@ -86,7 +86,7 @@ struct rt;  /* opaque engine */
  * failure prints the reason and returns NULL (the caller aborts the job). MPI must be
  * initialised. */
 struct rt *rt_open(const struct rt_opts *o);
-/* The messaging phase (credits or pre-posted), then waits until every message sent and
+/* The messaging phase (with or without credits), then waits until every message sent and
  * received is complete. 0, or -1 after printing why (the caller aborts). */
 int rt_messages(struct rt *rt);
 /* The RMA phase: writes + quiets, then verifies this rank's window. 0 or -1. */

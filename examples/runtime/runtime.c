@@ -32,7 +32,7 @@ static void usage(FILE *f)
 		"  --window W         receive buffers each rank posts per source (default 16)\n"
 		"  --vary-windows     odd ranks post W + W/2 buffers (per-peer windows)\n"
 		"  --batch B          credits per credit message (default W/4)\n"
-		"  --no-flow          no flow control: receivers pre-post every buffer (reference)\n"
+		"  --no-flow          no flow control (reference): senders do not wait for credits\n"
 		"  --writes N         RMA writes to every other rank (default 256)\n"
 		"  --wsize B          bytes per RMA write (default 64)\n"
 		"  --rma-batch N      writes per peer between two quiets (default 32)\n"
@@ -130,7 +130,7 @@ int main(int argc, char **argv)
 	if (rank == 0) {
 		printf("compcntr runtime example: %d ranks over libfabric %s, %s\n", size, rt_provider(rt),
 		       o.flow ? "credit flow control (compcntr_credits, credits returned by the receivers)"
-			      : "no flow control (receivers pre-post every buffer)");
+			      : "no flow control (senders never wait; receivers repost --window buffers)");
 		fflush(stdout);
 	}
 	if (rt_messages(rt) || rt_rma(rt)) MPI_Abort(MPI_COMM_WORLD, 2);
