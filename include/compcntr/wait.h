@@ -88,6 +88,17 @@ int compcntr_comp_cntr_get_fd(struct compcntr_comp_cntr *cc, int *fd);
  * only if it is not done, poll/epoll_wait on the fd. Readiness may be spurious, never missed. */
 int compcntr_comp_cntr_arm_fd(struct compcntr_comp_cntr *cc);
 
+/* Arms the fd for a threshold (EINVAL if compcntr_comp_cntr_get_fd was never called): it becomes
+ * readable once the completion count is >= threshold, or once the error count differs from its
+ * value at this call -- not on the updates before that, which leave it armed. So an epoll-driven
+ * progress engine wakes once per batch, not once per completion. If the threshold is already
+ * reached when arming (or an error raced with it), the fd is readable on return. One-shot, like
+ * compcntr_comp_cntr_arm_fd (re-arm to wait again; a new arm replaces the condition and drains
+ * an earlier readiness). Readiness may be spurious, never missed: read the counter after it.
+ * While armed below the threshold, every update of the counter pays two extra loads (no
+ * syscall); nothing at all while not armed. Arm from one thread at a time per counter. */
+int compcntr_comp_cntr_arm_fd_threshold(struct compcntr_comp_cntr *cc, uint64_t threshold);
+
 #ifdef __cplusplus
 }
 #endif

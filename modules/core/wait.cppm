@@ -44,7 +44,7 @@
 //     bumped by the updater before FUTEX_WAKE, so a waiter between its re-check and the kernel
 //     finds it changed. Every happens-before edge goes through the C++ atomics, never through
 //     the futex syscall alone, so ThreadSanitizer (which does not model futexes) sees them.
-//   * arm_fd: a seq_cst RMW of slot::watch followed by a seq_cst fence. Any update that comes
+//   * arm_fd (also with a threshold): a seq_cst RMW of slot::watch followed by a seq_cst fence. Any update that comes
 //     after it in the total order makes the fd readable; an update before it is visible to a
 //     read of the counter made after arm_fd returns. fd readiness itself orders nothing: read
 //     the counter (acquire) after the fd reports readable.
@@ -181,6 +181,8 @@ void free_slot_ext(slot& s) noexcept;
 int slot_fd(slot& s, std::error_code& ec) noexcept;
 /// compcntr::arm_fd on a slot.
 void arm_slot_fd(slot& s, std::error_code& ec) noexcept;
+/// compcntr::arm_fd with a threshold on a slot.
+void arm_slot_fd_threshold(slot& s, std::uint64_t threshold, std::error_code& ec) noexcept;
 
 }  // namespace compcntr::detail
 
@@ -253,5 +255,20 @@ int pollable_fd(const counter& c, std::error_code& ec) noexcept;
 /// Readiness means "look at the counter"; it may be spurious (a racing update), never missed.
 /// Memory ordering: seq_cst RMW + seq_cst fence (file comment).
 void arm_fd(const counter& c, std::error_code& ec) noexcept;
+
+/// Arms the counter's fd for a threshold (pollable_fd() first, else EINVAL): the fd becomes
+/// readable once the completion count is >= `threshold` (plain unsigned compare, as wait), or
+/// once the error count differs from its value at the arm -- not on the updates before that,
+/// which leave it armed. An epoll-driven progress engine wakes once per batch instead of once
+/// per completion. If the threshold is already reached (or an error raced with the arm), the
+/// arm itself makes the fd readable: arm, then epoll_wait, never misses. One-shot like arm_fd
+/// (the update that meets the condition disarms; re-arm to wait again); arming drains an
+/// earlier readiness; a later arm_fd or arm_fd(threshold) replaces the condition. Readiness may
+/// be spurious (a re-arm racing with an update), never missed; read the counter after it.
+/// Cost: nothing while not armed; while armed below the threshold every update of the counter
+/// takes the watcher path (two loads of the slot's extension block, no syscall). Arm from one
+/// thread at a time per counter. Memory ordering: as arm_fd (the condition is re-checked with
+/// seq_cst loads after the arming RMW and fence).
+void arm_fd(const counter& c, std::uint64_t threshold, std::error_code& ec) noexcept;
 
 }  // namespace compcntr

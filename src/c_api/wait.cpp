@@ -92,4 +92,11 @@ int compcntr_comp_cntr_arm_fd(struct compcntr_comp_cntr* cc) {
   return ec.value();
 }
 
+int compcntr_comp_cntr_arm_fd_threshold(struct compcntr_comp_cntr* cc, uint64_t threshold) {
+  if (!cc) return null_arg("comp_cntr_arm_fd_threshold", "cc");
+  std::error_code ec;
+  compcntr::arm_fd(impl(cc)->cxx, threshold, ec);
+  return ec.value();
+}
+
 }  // extern "C"

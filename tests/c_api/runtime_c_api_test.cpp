@@ -6,6 +6,9 @@
 
 #include <compcntr/compcntr.h>
 
+#include <poll.h>
+#include <sys/epoll.h>
+
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -269,4 +272,127 @@ TEST_CASE("C credits: adopt tracks the caller's counters, holds them, and leaves
   CHECK(v == 10);
   CHECK(compcntr_destroy_comp_cntr(a) == 0);
   CHECK(compcntr_destroy_comp_cntr(b) == 0);
+}
+
+// ---- the pollable fd armed for a threshold -------------------------------------------------
+
+namespace {
+
+bool readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+}
+
+}  // namespace
+
+TEST_CASE("C fd threshold: readable once the value reaches N, not on the updates before") {
+  device_fixture f;
+  compcntr_comp_cntr* cc = make_cc(f.dev);
+  CHECK(compcntr_comp_cntr_arm_fd_threshold(nullptr, 1) == EINVAL);
+  CHECK(compcntr_comp_cntr_arm_fd_threshold(cc, 1) == EINVAL);   // no fd yet
+  CHECK(has("arm_fd_threshold: counter"));
+  int fd = -1;
+  REQUIRE(compcntr_comp_cntr_get_fd(cc, &fd) == 0);
+
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, 5) == 0);
+  CHECK_FALSE(readable(fd));
+  for (int i = 1; i <= 4; ++i) {
+    compcntr_inc_comp_cntr(cc, 1);
+    CHECK_FALSE(readable(fd));                                     // below 5: still armed
+  }
+  compcntr_inc_comp_cntr(cc, 1);                                   // 5: readable
+  CHECK(readable(fd));
+  compcntr_inc_comp_cntr(cc, 1);                                   // disarmed: nothing more
+  CHECK(readable(fd));
+
+  // Re-arming drains; a jump over the threshold counts; set() too.
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, 100) == 0);
+  CHECK_FALSE(readable(fd));
+  compcntr_inc_comp_cntr(cc, 50);
+  CHECK_FALSE(readable(fd));
+  compcntr_inc_comp_cntr(cc, 60);
+  CHECK(readable(fd));
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, 200) == 0);
+  compcntr_set_comp_cntr(cc, 150);
+  CHECK_FALSE(readable(fd));
+  compcntr_set_comp_cntr(cc, 250);
+  CHECK(readable(fd));
+
+  // Already reached at the arm: readable at once (arm, then epoll, never misses).
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, 7) == 0);
+  CHECK(readable(fd));
+
+  // An error is news at any value: readable.
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, 1000) == 0);
+  CHECK_FALSE(readable(fd));
+  compcntr_inc_err_comp_cntr(cc, 1);
+  CHECK(readable(fd));
+
+  // A plain arm replaces a threshold arm: the next update signals.
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, 1000) == 0);
+  REQUIRE(compcntr_comp_cntr_arm_fd(cc) == 0);
+  CHECK_FALSE(readable(fd));
+  compcntr_inc_comp_cntr(cc, 1);
+  CHECK(readable(fd));
+  // ...and a threshold arm replaces a plain one.
+  REQUIRE(compcntr_comp_cntr_arm_fd(cc) == 0);
+  uint64_t v = 0;
+  compcntr_read_comp_cntr(cc, &v);
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, v + 2) == 0);
+  compcntr_inc_comp_cntr(cc, 1);
+  CHECK_FALSE(readable(fd));
+  compcntr_inc_comp_cntr(cc, 1);
+  CHECK(readable(fd));
+  CHECK(compcntr_destroy_comp_cntr(cc) == 0);
+}
+
+TEST_CASE("C fd threshold: an epoll loop wakes once per batch, never misses one") {
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+  constexpr uint64_t total = 20000;
+#else
+  constexpr uint64_t total = 100000;
+#endif
+#else
+  constexpr uint64_t total = 100000;
+#endif
+  constexpr uint64_t batch = 500;
+  device_fixture f;
+  compcntr_comp_cntr* cc = make_cc(f.dev);
+  int fd = -1;
+  REQUIRE(compcntr_comp_cntr_get_fd(cc, &fd) == 0);
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  REQUIRE(ep >= 0);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+  std::atomic<int> lost{0};
+  uint64_t wakeups = 0, armed_below = 0;
+  std::thread producer([&] {
+    for (uint64_t i = 0; i < total; ++i) compcntr_inc_comp_cntr(cc, 1);
+  });
+  for (uint64_t goal = batch; goal <= total; goal += batch) {
+    REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, goal) == 0);
+    uint64_t v = 0;
+    compcntr_read_comp_cntr(cc, &v);
+    if (v < goal) ++armed_below;
+    epoll_event out{};
+    const int n = ::epoll_wait(ep, &out, 1, 5000);   // a generous guard, not a sleep
+    if (n != 1) {
+      ++lost;
+      break;
+    }
+    ++wakeups;
+    compcntr_read_comp_cntr(cc, &v);
+    if (v < goal) ++lost;   // readable before the threshold: not allowed in this loop
+  }
+  producer.join();
+  ::close(ep);
+  CHECK(lost.load() == 0);
+  CHECK(wakeups == total / batch);                  // one per batch, none per update
+  uint64_t v = 0;
+  compcntr_read_comp_cntr(cc, &v);
+  CHECK(v == total);
+  MESSAGE("batches armed before the producer reached them: " << armed_below << " of " << total / batch);
+  CHECK(compcntr_destroy_comp_cntr(cc) == 0);
 }
