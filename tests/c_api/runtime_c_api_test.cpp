@@ -10,6 +10,7 @@
 #include <sys/epoll.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <string>
@@ -278,6 +279,14 @@ TEST_CASE("C credits: adopt tracks the caller's counters, holds them, and leaves
 
 namespace {
 
+template <class F>
+bool test_wait(F cond) {   // a condition with a failure deadline, never a sleep
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!cond())
+    if (std::chrono::steady_clock::now() > end) return false;
+  return true;
+}
+
 bool readable(int fd) {
   pollfd p{fd, POLLIN, 0};
   return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
@@ -349,14 +358,14 @@ TEST_CASE("C fd threshold: readable once the value reaches N, not on the updates
 TEST_CASE("C fd threshold: an epoll loop wakes once per batch, never misses one") {
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-  constexpr uint64_t total = 20000;
+  constexpr uint64_t batches = 50;
 #else
-  constexpr uint64_t total = 100000;
+  constexpr uint64_t batches = 200;
 #endif
 #else
-  constexpr uint64_t total = 100000;
+  constexpr uint64_t batches = 200;
 #endif
-  constexpr uint64_t batch = 500;
+  constexpr uint64_t batch = 64;
   device_fixture f;
   compcntr_comp_cntr* cc = make_cc(f.dev);
   int fd = -1;
@@ -367,32 +376,57 @@ TEST_CASE("C fd threshold: an epoll loop wakes once per batch, never misses one"
   ev.events = EPOLLIN;
   REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
   std::atomic<int> lost{0};
-  uint64_t wakeups = 0, armed_below = 0;
+  std::atomic<pid_t> tid{0};
+  std::atomic<uint64_t> armed_for{0};   // the goal the consumer armed and is about to block on
+  uint64_t wakeups = 0, no_wait = 0, spurious = 0;
+  // The producer adds each batch one increment at a time, but only once the consumer is armed
+  // for it and asleep in epoll_wait: every batch is ended by a real wake-up of a blocked thread.
   std::thread producer([&] {
-    for (uint64_t i = 0; i < total; ++i) compcntr_inc_comp_cntr(cc, 1);
-  });
-  for (uint64_t goal = batch; goal <= total; goal += batch) {
-    REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, goal) == 0);
-    uint64_t v = 0;
-    compcntr_read_comp_cntr(cc, &v);
-    if (v < goal) ++armed_below;
-    epoll_event out{};
-    const int n = ::epoll_wait(ep, &out, 1, 5000);   // a generous guard, not a sleep
-    if (n != 1) {
-      ++lost;
-      break;
+    for (uint64_t b = 1; b <= batches && lost.load() == 0; ++b) {
+      if (!test_wait([&] { return armed_for.load() == b * batch; }) || !eventually_blocked(tid)) {
+        ++lost;
+        break;
+      }
+      for (uint64_t i = 0; i < batch; ++i) compcntr_inc_comp_cntr(cc, 1);
     }
-    ++wakeups;
-    compcntr_read_comp_cntr(cc, &v);
-    if (v < goal) ++lost;   // readable before the threshold: not allowed in this loop
+  });
+  tid = this_tid();
+  for (uint64_t goal = batch; goal <= batches * batch && lost.load() == 0; goal += batch) {
+    // The fi_trywait pattern: arm, check, and only then block. Readiness may be spurious (a
+    // signal racing with the re-arm's drain): look at the counter, read the fd, wait again.
+    for (;;) {
+      REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, goal) == 0);
+      uint64_t v = 0;
+      compcntr_read_comp_cntr(cc, &v);
+      if (v >= goal) {
+        ++no_wait;
+        break;
+      }
+      armed_for = goal;
+      epoll_event out{};
+      if (::epoll_wait(ep, &out, 1, 10000) != 1) {   // a generous guard, not a sleep
+        ++lost;                                        // the threshold's wake-up never came
+        break;
+      }
+      uint64_t drained;
+      [[maybe_unused]] const ssize_t r = ::read(fd, &drained, sizeof drained);
+      compcntr_read_comp_cntr(cc, &v);
+      if (v >= goal) {
+        ++wakeups;
+        break;
+      }
+      ++spurious;
+    }
   }
   producer.join();
   ::close(ep);
   CHECK(lost.load() == 0);
-  CHECK(wakeups == total / batch);                  // one per batch, none per update
+  CHECK(wakeups == batches);   // one wake-up per batch of 64 increments, never one per update
+  CHECK(no_wait == 0);
+  CHECK(spurious <= batches);
   uint64_t v = 0;
   compcntr_read_comp_cntr(cc, &v);
-  CHECK(v == total);
-  MESSAGE("batches armed before the producer reached them: " << armed_below << " of " << total / batch);
+  CHECK(v == batches * batch);
+  MESSAGE("batches: " << wakeups << " woken, " << spurious << " spurious wake-ups");
   CHECK(compcntr_destroy_comp_cntr(cc) == 0);
 }
