@@ -48,7 +48,6 @@
 #define RX_BATCH 64
 
 enum { PHASE_CONNECT, PHASE_MESSAGES, PHASE_RMA, PHASE_DONE };
-static const char *const phase_name[] = {"connect", "messages", "rma", "done"};
 
 void rt_default_opts(struct rt_opts *o)
 {
@@ -209,25 +208,28 @@ static uint64_t read_cc_err(struct compcntr_comp_cntr *cc)
 
 /* ---- live display ----------------------------------------------------------------------- */
 
+/* One line, rewritten in place ('\r'), short enough for an 80-column terminal with 4 ranks:
+ * each rank's share of its messages sent (or "rma", "done"), then the job's totals. */
 static void live_print(struct rt *rt)
 {
 	const struct rt_opts *o = &rt->o;
 	const uint64_t per_rank = o->msgs * (uint64_t)(rt->size - 1);
-	uint64_t sent = 0, recv = 0, total = per_rank * (uint64_t)rt->size;
-	char line[512];
+	uint64_t recv = 0;
+	const uint64_t total = per_rank * (uint64_t)rt->size;
+	char line[256];
 	int n = snprintf(line, sizeof line, "\r  live:");
-	for (int r = 0; r < rt->size && n < (int)sizeof line - 40; r++) {
+	for (int r = 0; r < rt->size && n < (int)sizeof line - 48; r++) {
 		const struct live_msg *m = &rt->live_all[r];
-		sent += m->sent;
 		recv += m->received;
-		const int pct = per_rank ? (int)(100 * m->sent / per_rank) : 100;
-		n += snprintf(line + n, sizeof line - (size_t)n, " r%d %3d%% %-8s|", r, pct,
-			      phase_name[m->phase < 0 || m->phase > PHASE_DONE ? 0 : m->phase]);
+		if (m->phase == PHASE_RMA || m->phase == PHASE_DONE)
+			n += snprintf(line + n, sizeof line - (size_t)n, " r%d:%-4s", r, m->phase == PHASE_RMA ? "rma" : "done");
+		else
+			n += snprintf(line + n, sizeof line - (size_t)n, " r%d:%3d%%", r,
+				      per_rank ? (int)(100 * m->sent / per_rank) : 100);
 	}
 	const double dt = now_s() - rt->live_t0;
-	snprintf(line + n, sizeof line - (size_t)n, " %" PRIu64 "/%" PRIu64 " delivered, %.0f k msg/s ",
-		 recv, total, dt > 0 ? (double)recv / dt / 1e3 : 0.0);
-	(void)sent;
+	snprintf(line + n, sizeof line - (size_t)n, " | %" PRIu64 "k/%" PRIu64 "k delivered, %.0fk msg/s ", recv / 1000,
+		 total / 1000, dt > 0 ? (double)recv / dt / 1e3 : 0.0);
 	fputs(line, stdout);
 	fflush(stdout);
 	rt->live_printed = 1;

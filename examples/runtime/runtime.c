@@ -131,6 +131,13 @@ int main(int argc, char **argv)
 		printf("compcntr runtime example: %d ranks over libfabric %s, %s\n", size, rt_provider(rt),
 		       o.flow ? "credit flow control (compcntr_credits, credits returned by the receivers)"
 			      : "no flow control (senders never wait; receivers repost --window buffers)");
+		const struct rt_opts *eo = rt_opts_of(rt);
+		printf("  each rank sends %llu messages of %u B to every other rank; receivers keep %u%s buffers "
+		       "posted per source%s;\n  then %llu RMA writes to every other rank, %u per peer between two "
+		       "compcntr_tracker_quiet calls\n",
+		       (unsigned long long)eo->msgs, eo->size, eo->window, eo->vary_windows ? " (odd ranks 1.5x)" : "",
+		       eo->flow ? " and return credits in batches (zero-byte messages whose CQ data is the count)" : "",
+		       (unsigned long long)eo->writes, eo->rma_batch);
 		fflush(stdout);
 	}
 	if (rt_messages(rt) || rt_rma(rt)) MPI_Abort(MPI_COMM_WORLD, 2);
