@@ -131,6 +131,7 @@ struct rt {
 	/* state */
 	int phase;
 	uint64_t tx_posted;           /* data + credit messages posted */
+	uint64_t round_base, round_end; /* this round's sequence numbers per pair: [base, end) */
 	uint64_t writes_posted;
 	struct rt_stats st;
 	/* live display */
@@ -149,6 +150,13 @@ static double now_s(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double thread_cpu_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -315,13 +323,10 @@ static int send_credits(struct rt *rt)
 	for (int s = 0; s < rt->size; s++) {
 		struct peer *p = &rt->peers[s];
 		if (s == rt->rank || p->owed == 0) continue;
-		if (p->owed < rt->o.batch && p->received < rt->o.msgs) continue;
-		if (p->credit_msgs >= p->ncctx) {
-			fail(rt, "out of credit-message contexts for rank %d", s);
-			exit(5);
-		}
+		if (p->owed < rt->o.batch && p->received < rt->round_end) continue;
+		/* A context is reused only in a later round, after every send of this one completed. */
 		const ssize_t r = fi_tsenddata(rt->ep, NULL, 0, NULL, p->owed, p->addr,
-					       TAG_CREDIT | (uint64_t)rt->rank, &p->cctx[p->credit_msgs]);
+					       TAG_CREDIT | (uint64_t)rt->rank, &p->cctx[p->credit_msgs % p->ncctx]);
 		if (r == -FI_EAGAIN) continue;
 		if (r) {
 			fail(rt, "fi_tsenddata(credits to rank %d): %s", s, fi_strerror((int)-r));
@@ -345,14 +350,16 @@ static void on_data(struct rt *rt, struct rx_slot *slot, const struct fi_cq_tagg
 	memcpy(&h, slot->buf, sizeof h);
 	const char *payload = slot->buf + sizeof h;
 	const size_t plen = o->size - sizeof h;
-	int ok = e->len == o->size && h.src == slot->src && h.dst == (uint32_t)rt->rank && h.seq < o->msgs &&
+	int ok = e->len == o->size && h.src == slot->src && h.dst == (uint32_t)rt->rank &&
+		 h.seq >= rt->round_base && h.seq < rt->round_end &&
 		 h.sum == msg_sum(&h, payload, plen);
 	for (size_t i = 0; ok && i < plen; i++) ok = (unsigned char)payload[i] == payload_byte(h.src, h.dst, h.seq, i);
 	if (!ok) {
 		rt->st.bad_payload++;
 	} else {
-		if (p->seen[h.seq / 8] & (1u << (h.seq % 8))) rt->st.duplicates++;
-		p->seen[h.seq / 8] |= (uint8_t)(1u << (h.seq % 8));
+		const uint64_t bit = h.seq - rt->round_base;
+		if (p->seen[bit / 8] & (1u << (bit % 8))) rt->st.duplicates++;
+		p->seen[bit / 8] |= (uint8_t)(1u << (bit % 8));
 		if (h.seq != p->received) rt->st.out_of_order++;
 		/* Credit discipline, checked by the receiver independently of the sender's tracker:
 		 * the sender may send message seq only while seq < my window + the credits it had
@@ -364,7 +371,7 @@ static void on_data(struct rt *rt, struct rx_slot *slot, const struct fi_cq_tagg
 	p->received++;
 	rt->st.received++;
 	/* The buffer goes back first, then its credit: a credit always stands for a posted buffer. */
-	if (p->posted < o->msgs) post_data_recv(rt, p, slot);
+	if (p->posted < rt->round_end) post_data_recv(rt, p, slot);
 	if (o->flow) p->owed++;
 }
 
@@ -419,7 +426,15 @@ static int progress_n(struct rt *rt)
 	return n;
 }
 
-void rt_progress(void *v) { (void)progress_n(v); }
+/* The progress hook of every compcntr wait here. A wait that found nothing to do gives the
+ * CPU away: with more ranks than cores (or a busy machine) the peer whose credits or
+ * completions this rank waits for needs the core to produce them (MPI's yield-when-idle).
+ * (Sleeping on the CQs' FI_WAIT_FD instead was measured on tcp;ofi_rxm: with manual progress
+ * the fd is not signalled by arriving data, so such a sleep lasts its whole timeout.) */
+void rt_progress(void *v)
+{
+	if (progress_n(v) == 0) sched_yield();
+}
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
@@ -564,7 +579,7 @@ struct rt *rt_open(const struct rt_opts *o)
 	rt->tr = compcntr_tracker_create(rt->cc_writes);
 	if (!rt->tr) return fail(rt, "compcntr_tracker_create: %s", compcntr_last_error_message()), NULL;
 	rt->wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN | COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL;
-	rt->wa.spin_ns = (int64_t)opt->spin_us * 1000;
+	rt->wa.spin_ns = opt->spin_us < 0 ? COMPCNTR_WAIT_SPIN_FOREVER : (int64_t)opt->spin_us * 1000;
 	rt->wa.progress_interval_us = (uint32_t)(opt->interval_us > 0 ? opt->interval_us : 1);
 	rt->wa.progress = rt_progress;
 	rt->wa.progress_ctx = rt;
@@ -617,7 +632,7 @@ struct rt *rt_open(const struct rt_opts *o)
 		p->rx = calloc(nrx ? nrx : 1, sizeof *p->rx);
 		p->ncrx = opt->flow ? opt->window / opt->batch + 4 : 0;
 		p->crx = calloc(p->ncrx ? p->ncrx : 1, sizeof *p->crx);
-		p->ncctx = opt->flow ? (opt->msgs + opt->batch - 1) / opt->batch + 4 : 1;
+		p->ncctx = opt->flow ? (opt->msgs + opt->batch - 1) / opt->batch + 4 : 1;  /* per round */
 		p->cctx = calloc(p->ncctx, sizeof *p->cctx);
 		if (!p->sctx || !p->wctx || !p->seen || !p->rx || !p->crx || !p->cctx)
 			return fail(rt, "out of memory"), NULL;
@@ -645,6 +660,7 @@ struct rt *rt_open(const struct rt_opts *o)
 	/* Every receive is posted before anyone sends. */
 	MPI_Barrier(MPI_COMM_WORLD);
 	rt->live_t0 = now_s();
+	rt->round_end = opt->msgs;
 	return rt;
 }
 
@@ -674,7 +690,9 @@ static int send_one(struct rt *rt, int dst)
 		const int r = compcntr_credits_acquire_ex(rt->cr, (uint32_t)dst, 1, 0, &rt->wa);
 		if (r == ETIMEDOUT) {
 			rt->st.acquire_waits++;
+			const double w0 = now_s();
 			const int r2 = compcntr_credits_acquire_ex(rt->cr, (uint32_t)dst, 1, o->timeout_ms, &rt->wa);
+			rt->st.acquire_wait_seconds += now_s() - w0;
 			if (r2)
 				return fail(rt, "no credit from rank %d for %d ms (%s; sent %" PRIu64 ", credits back %" PRIu64
 					    ", window %" PRIu64 "): is it alive?", dst, o->timeout_ms,
@@ -694,7 +712,7 @@ static int send_one(struct rt *rt, int dst)
 			rt->st.max_inflight_window = p->window;
 		}
 	}
-	char *buf = p->sbuf + p->sent * o->size;
+	char *buf = p->sbuf + (p->sent - rt->round_base) * o->size;
 	struct rt_msg_hdr h = {(uint32_t)rt->rank, (uint32_t)dst, p->sent, read_cc(rt->cc_credit[dst]), 0};
 	char *payload = buf + sizeof h;
 	const size_t plen = o->size - sizeof h;
@@ -704,7 +722,7 @@ static int send_one(struct rt *rt, int dst)
 	ssize_t r;
 	const double deadline = now_s() + o->timeout_ms / 1e3;
 	while ((r = fi_tsend(rt->ep, buf, o->size, rt->sdesc, p->addr, TAG_DATA | (uint64_t)rt->rank,
-			     &p->sctx[p->sent])) == -FI_EAGAIN) {
+			     &p->sctx[p->sent - rt->round_base])) == -FI_EAGAIN) {
 		if (progress_n(rt) == 0) sched_yield();
 		if (now_s() > deadline) return fail(rt, "fi_tsend to rank %d kept returning -FI_EAGAIN for %d ms", dst, o->timeout_ms);
 	}
@@ -732,7 +750,7 @@ static int drive_until(struct rt *rt, int (*done)(struct rt *), const char *what
 static int all_received(struct rt *rt)
 {
 	for (int s = 0; s < rt->size; s++)
-		if (s != rt->rank && (rt->peers[s].received < rt->o.msgs || rt->peers[s].owed)) return 0;
+		if (s != rt->rank && (rt->peers[s].received < rt->round_end || rt->peers[s].owed)) return 0;
 	return 1;
 }
 
@@ -740,7 +758,7 @@ int rt_messages(struct rt *rt)
 {
 	const struct rt_opts *o = &rt->o;
 	rt->phase = PHASE_MESSAGES;
-	const double t0 = now_s();
+	const double t0 = now_s(), c0 = thread_cpu_s();
 	/* Round-robin over the peers, each rank starting after itself: every rank streams to
 	 * every other one at once. */
 	for (uint64_t k = 0; k < o->msgs; k++) {
@@ -750,9 +768,9 @@ int rt_messages(struct rt *rt)
 	}
 	if (drive_until(rt, all_received, "every message from every rank")) {
 		for (int s = 0; s < rt->size; s++)
-			if (s != rt->rank && rt->peers[s].received < o->msgs)
+			if (s != rt->rank && rt->peers[s].received < rt->round_end)
 				fprintf(stderr, "runtime: rank %d: got %" PRIu64 " of %" PRIu64 " messages from rank %d\n",
-					rt->rank, rt->peers[s].received, o->msgs, s);
+					rt->rank, rt->peers[s].received - rt->round_base, o->msgs, s);
 		return -1;
 	}
 	if (o->flow)
@@ -769,6 +787,7 @@ int rt_messages(struct rt *rt)
 		return fail(rt, "waiting for %" PRIu64 " send completions (have %" PRIu64 ", %" PRIu64 " errors): %s",
 			    rt->tx_posted, read_cc(rt->cc_sends), read_cc_err(rt->cc_sends), strerror(r));
 	rt->st.msg_seconds = now_s() - t0;
+	rt->st.msg_cpu_seconds = thread_cpu_s() - c0;
 	return 0;
 }
 
@@ -848,6 +867,42 @@ int rt_rma(struct rt *rt)
 	return 0;
 }
 
+/* ---- rounds and barriers ---------------------------------------------------------------- */
+
+int rt_barrier(struct rt *rt)
+{
+	/* Everyone arrives; meanwhile this rank keeps serving its endpoint (a peer may still need
+	 * it to deliver or complete something), so the barrier is non-blocking. */
+	MPI_Request req;
+	MPI_Ibarrier(MPI_COMM_WORLD, &req);
+	const double deadline = now_s() + rt->o.timeout_ms / 1e3;
+	for (int flag = 0; !flag;) {
+		if (progress_n(rt) == 0) sched_yield();
+		MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+		if (!flag && now_s() > deadline) return fail(rt, "timed out in a barrier");
+	}
+	return 0;
+}
+
+int rt_next_round(struct rt *rt)
+{
+	const struct rt_opts *o = &rt->o;
+	rt->round_base += o->msgs;
+	rt->round_end += o->msgs;
+	/* The previous round ended with every buffer consumed and every send complete: the slots,
+	 * send buffers and contexts are free again. */
+	for (int i = 0; i < rt->size; i++) {
+		struct peer *p = &rt->peers[i];
+		if (i == rt->rank) continue;
+		memset(p->seen, 0, o->msgs / 8 + 1);
+		for (uint32_t k = 0; k < p->nrx && k < o->msgs; k++)
+			if (post_data_recv(rt, p, &p->rx[k])) return -1;
+	}
+	return rt_barrier(rt);  /* every receive of the round is posted before anyone sends */
+}
+
+const struct rt_stats *rt_stats_of(const struct rt *rt) { return &rt->st; }
+
 /* ---- the end ---------------------------------------------------------------------------- */
 
 int rt_finish(struct rt *rt, struct rt_stats *st)
@@ -860,16 +915,7 @@ int rt_finish(struct rt *rt, struct rt_stats *st)
 		m.phase = PHASE_DONE;
 		MPI_Send(&m, sizeof m, MPI_BYTE, 0, LIVE_TAG, MPI_COMM_WORLD);
 	}
-	/* Everyone arrives; meanwhile this rank keeps serving its endpoint (a peer may still need
-	 * it to deliver or complete something), so the barrier is non-blocking. */
-	MPI_Request req;
-	MPI_Ibarrier(MPI_COMM_WORLD, &req);
-	const double deadline = now_s() + rt->o.timeout_ms / 1e3;
-	for (int flag = 0; !flag;) {
-		if (progress_n(rt) == 0) sched_yield();
-		MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-		if (!flag && now_s() > deadline) return fail(rt, "timed out in the final barrier");
-	}
+	if (rt_barrier(rt)) return -1;
 	if (rt->o.live && rt->rank == 0) {
 		for (int r = 1; r < rt->size; r++)
 			while (rt->live_all[r].phase != PHASE_DONE) {
@@ -896,7 +942,7 @@ int rt_finish(struct rt *rt, struct rt_stats *st)
 	/* exactly once: every sequence number seen */
 	for (int s = 0; s < rt->size; s++) {
 		if (s == rt->rank) continue;
-		for (uint64_t k = 0; k < rt->o.msgs; k++)
+		for (uint64_t k = 0; k < rt->o.msgs; k++)  /* this round's */
 			if (!(rt->peers[s].seen[k / 8] & (1u << (k % 8)))) rt->st.missing++;
 		rt->st.credits_returned += rt->peers[s].returned;
 	}

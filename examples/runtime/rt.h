@@ -39,7 +39,8 @@ struct rt_opts {
 	uint32_t rma_batch;     /* writes per peer between two quiets */
 	int timeout_ms;         /* bound of every wait; expiry aborts the job */
 	int live;               /* rank 0 prints a one-line live progress display */
-	int spin_us;            /* hot-poll time of waits before backing off (default 50) */
+	int spin_us;            /* hot-poll time of waits before backing off (default 50; < 0: never
+	                         * sleep, poll the network like an MPI progress loop) */
 	int interval_us;        /* longest sleep between progress calls in a wait (default 100) */
 	int fail_rank;          /* -1: none; else this rank fails after fail_at messages */
 	int fail_mode;          /* enum rt_fail_mode */
@@ -67,6 +68,7 @@ struct rt_stats {
 	uint64_t max_inflight_window;/* the window of the peer where max_inflight was seen */
 	uint64_t inflight_violations;/* sends with issued - returned above the peer's window */
 	uint64_t acquire_waits;      /* acquires that had to wait */
+	double acquire_wait_seconds; /* time they waited */
 	uint64_t bad_payload, duplicates, missing, out_of_order;
 	uint64_t credit_violations;  /* messages the sender had no credit for (seq >= window + seen) */
 	uint64_t rx_errors, tx_errors;   /* error completions (truncation, ...) */
@@ -76,6 +78,8 @@ struct rt_stats {
 	uint64_t cc_errors, pv_errors;
 	uint64_t pair_sum_mismatch;  /* sources whose checksum sum differs from what they sent */
 	double msg_seconds;          /* wall time of the messaging phase */
+	double msg_cpu_seconds;      /* CPU time of this rank's thread in it (all libfabric work
+	                              * runs there: manual progress) */
 	double rma_seconds;
 	double quiet_us_max;         /* longest single quiet */
 };
@@ -94,6 +98,13 @@ int rt_rma(struct rt *rt);
 /* Waits (driving progress) until every rank has arrived, then compares compcntr's counters
  * with the provider's and fills st. 0 or -1. */
 int rt_finish(struct rt *rt, struct rt_stats *st);
+/* For repeated measurements (the benchmark): after rt_messages, prepares the next round of
+ * `msgs` messages per pair (reposts the receive windows, then a barrier). 0 or -1. */
+int rt_next_round(struct rt *rt);
+/* A barrier that keeps driving this rank's endpoint. 0 or -1 (timeout). */
+int rt_barrier(struct rt *rt);
+/* What this rank counted so far (msg_seconds: the last rt_messages call). */
+const struct rt_stats *rt_stats_of(const struct rt *rt);
 void rt_close(struct rt *rt);
 
 /* For the benchmark: the provider's name, the endpoint's progress (drives both CQs), the

@@ -148,6 +148,7 @@ int main(int argc, char **argv)
 	MPI_Gather(&st, sizeof st, MPI_BYTE, all, sizeof st, MPI_BYTE, 0, MPI_COMM_WORLD);
 	int rc = 0;
 	if (rank == 0) rc = rt_report(rt_opts_of(rt), all, size, wall);
+	if (getenv("RT_DEBUG")) fprintf(stderr, "rank %d: %llu waits, %.3f s waiting, msg phase %.3f s\n", rank, (unsigned long long)st.acquire_waits, st.acquire_wait_seconds, st.msg_seconds);
 	MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
 	free(all);
 	rt_close(rt);
