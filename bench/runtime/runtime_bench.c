@@ -106,6 +106,7 @@ int main(int argc, char **argv)
 	o.timeout_ms = 30000;
 	o.quiet_output = 1;
 	int reps = 7, mpi_only = 0, writes_per_sample = 200;
+	uint32_t small_window = 0;  /* > 0: also credits with this window (the latency-bound regime) */
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
 		if (!strcmp(a, "--reps")) reps = atoi(v), i++;
@@ -118,6 +119,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--addr")) o.addr = v, i++;
 		else if (!strcmp(a, "--provider")) o.provider = v, i++;
 		else if (!strcmp(a, "--mpi-only")) mpi_only = 1;
+		else if (!strcmp(a, "--small-window")) small_window = (uint32_t)strtoul(v, NULL, 0), i++;
 		else {
 			if (rank == 0) fprintf(stderr, "compcntr_runtime_bench: unknown option '%s'\n", a);
 			MPI_Finalize();
@@ -136,13 +138,14 @@ int main(int argc, char **argv)
 	double *cw = calloc((size_t)reps, sizeof *cw);
 	double *ccw = calloc((size_t)reps, sizeof *ccw), *nfw = calloc((size_t)reps, sizeof *nfw);
 	double *mpw = calloc((size_t)reps, sizeof *mpw);
+	double *sw = calloc((size_t)reps, sizeof *sw), *sww = calloc((size_t)reps, sizeof *sww);
 	const double all_msgs = (double)o.msgs * size * (size - 1);
 	double cpu = 0;
 	char *sbuf = calloc((size_t)size * o.window, o.size), *rbuf = calloc((size_t)size * o.window, o.size);
 	MPI_Request *reqs = calloc(2 * (size_t)size * o.window, sizeof *reqs);
-	if (!cc || !nf || !mp || !qt || !cw || !ccw || !nfw || !mpw || !sbuf || !rbuf || !reqs) MPI_Abort(MPI_COMM_WORLD, 2);
+	if (!cc || !nf || !mp || !qt || !cw || !ccw || !nfw || !mpw || !sw || !sww || !sbuf || !rbuf || !reqs) MPI_Abort(MPI_COMM_WORLD, 2);
 
-	struct rt *rtc = NULL, *rtn = NULL;
+	struct rt *rtc = NULL, *rtn = NULL, *rts = NULL;
 	if (!mpi_only) {
 		struct rt_opts on = o;
 		on.flow = 0;
@@ -151,11 +154,18 @@ int main(int argc, char **argv)
 		if (!rtc || !rtn) MPI_Abort(MPI_COMM_WORLD, 2);
 		/* warm-up: connections, caches, first-touch of every buffer */
 		if (rt_messages(rtc) || rt_messages(rtn)) MPI_Abort(MPI_COMM_WORLD, 2);
+		if (small_window) {
+			struct rt_opts os = o;
+			os.window = small_window;
+			os.batch = small_window / 4 ? small_window / 4 : 1;
+			rts = rt_open(&os);
+			if (!rts || rt_messages(rts)) MPI_Abort(MPI_COMM_WORLD, 2);
+		}
 	}
 	mpi_exchange(o.msgs, o.size, o.window, sbuf, rbuf, reqs, &cpu);
 	for (int r = 0; r < reps; r++) {
-		for (int step = 0; step < 3; step++) {
-			const int which = (step + r) % 3;  /* rotate the order per repetition */
+		for (int step = 0; step < 4; step++) {
+			const int which = (step + r) % 4;  /* rotate the order per repetition */
 			if (which == 0 && !mpi_only) {
 				if (rt_next_round(rtc) || rt_messages(rtc)) MPI_Abort(MPI_COMM_WORLD, 2);
 				ccw[r] = slowest(rt_stats_of(rtc)->msg_seconds) * 1e9 / per_rank_msgs;
@@ -164,6 +174,10 @@ int main(int argc, char **argv)
 				if (rt_next_round(rtn) || rt_messages(rtn)) MPI_Abort(MPI_COMM_WORLD, 2);
 				nfw[r] = slowest(rt_stats_of(rtn)->msg_seconds) * 1e9 / per_rank_msgs;
 				nf[r] = total(rt_stats_of(rtn)->msg_cpu_seconds) * 1e9 / all_msgs;
+			} else if (which == 3 && rts) {
+				if (rt_next_round(rts) || rt_messages(rts)) MPI_Abort(MPI_COMM_WORLD, 2);
+				sww[r] = slowest(rt_stats_of(rts)->msg_seconds) * 1e9 / per_rank_msgs;
+				sw[r] = total(rt_stats_of(rts)->msg_cpu_seconds) * 1e9 / all_msgs;
 			} else if (which == 2) {
 				mpw[r] = slowest(mpi_exchange(o.msgs, o.size, o.window, sbuf, rbuf, reqs, &cpu)) * 1e9 /
 					 per_rank_msgs;
@@ -218,6 +232,10 @@ int main(int argc, char **argv)
 			print_samples("noflow", nf, reps);
 			print_samples("credits_wall", ccw, reps);
 			print_samples("noflow_wall", nfw, reps);
+			if (rts) {
+				print_samples("credits_small", sw, reps);
+				print_samples("credits_small_wall", sww, reps);
+			}
 			print_samples("quiet", qt, reps);
 			print_samples("cntrwait", cw, reps);
 		}
@@ -228,7 +246,8 @@ int main(int argc, char **argv)
 	MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
 	rt_close(rtc);
 	rt_close(rtn);
-	free(ccw), free(nfw), free(mpw), free(cc), free(nf), free(mp), free(qt), free(cw), free(sbuf), free(rbuf), free(reqs);
+	rt_close(rts);
+	free(sw), free(sww), free(ccw), free(nfw), free(mpw), free(cc), free(nf), free(mp), free(qt), free(cw), free(sbuf), free(rbuf), free(reqs);
 	MPI_Finalize();
 	return rc;
 }
