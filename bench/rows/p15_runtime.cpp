@@ -48,7 +48,7 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
-#ifdef COMPCNTR_BENCH_RUNTIME_PROG
+#if defined(COMPCNTR_BENCH_RUNTIME_PROG) && !defined(COMPCNTR_BENCH_SANITIZED)
 // Runs the MPI program through mpirun with `mpi_args` before -np and `args` after the program,
 // with this thread's CPU affinity widened to every allowed CPU first (the bench pins itself to
 // one CPU; the ranks would inherit that).
