@@ -48,7 +48,7 @@
 //     tr.issue(1);
 //     fi_write(ep, buf, len, desc, peer, raddr, key, nullptr);   // its completion counts in `done`
 //     ...
-//     if (tr.quiet(compcntr::wait_forever, {.progress = drive_network}) == std::errc::io_error)
+//     if (tr.quiet(compcntr::wait_forever, {.hook = drive_network}) == std::errc::io_error)
 //       report("a put failed");                                   // all issued puts are over
 module;
 #include <atomic>
@@ -99,7 +99,7 @@ class completion_tracker {
   /// counter's value + errors now. On failure an empty tracker and ec: EINVAL (empty device or
   /// counter, a counter of another device, a BYTES counter), ENOTSUP (the device's max_value + 1
   /// is not a power of two), ESTALE/ENOMEM as device::resolve.
-  static completion_tracker create(const device& dev, const counter& completions,
+  static completion_tracker create(const device& dev, counter_view completions,
                                    std::error_code& ec) noexcept;
 
   inline explicit operator bool() const noexcept { return s_ != nullptr; }
@@ -137,7 +137,7 @@ class completion_tracker {
   /// since the last report (once per growth, file comment); timed_out when `timeout` passes
   /// first (timeout 0: check once, after one progress call if a hook is set and the first check
   /// failed; < 0: forever). invalid_argument for an empty tracker. Options as compcntr::wait
-  /// (a progress hook that drives the network). Memory ordering: acquire.
+  /// (a wait hook that drives the network). Memory ordering: acquire.
   inline std::errc quiet(std::chrono::milliseconds timeout, const wait_options& opts = {}) noexcept {
     if (s_ == nullptr) [[unlikely]] return bad_issue(0);
     const std::uint64_t target = s_->issued->load(std::memory_order_relaxed);

@@ -109,7 +109,7 @@ compcntr_credits* create_impl(compcntr_device* dev, std::uint32_t npeers,
     if (ec) return undo(ec);
     c->pub.context = dev;
     c->pub.handle = c->cxx.index();
-    cr->pins[i] = dev->dev.resolve(c->cxx.handle(), ec);
+    cr->pins[i] = dev->dev.resolve(c->cxx.id(), ec);
     if (ec) return undo(ec);
     cxx[i] = &c->cxx;
   }

@@ -1,6 +1,6 @@
 // compcntr::completion_tracker (import compcntr;): baseline, issue/quiet arithmetic, timeouts
 // (0, finite, forever), exact EIO-once semantics (also among concurrent quiets), wrap-around,
-// progress hooks, counters fed by real loopback RDMA writes, bad input, the counter kept alive,
+// wait hooks, counters fed by real loopback RDMA writes, bad input, the counter kept alive,
 // and issuers racing with quiet (run under ThreadSanitizer in CI). The C API is tested in
 // tests/c_api/tracker/.
 #include <doctest/doctest.h>
@@ -284,19 +284,19 @@ TEST_CASE("tracker: timeouts are never early; timeout 0 checks once") {
   CHECK(tr.quiet(10ms, {.spin = compcntr::spin_forever}) == errc::timed_out);
   CHECK(std::chrono::steady_clock::now() - t0 >= 10ms);
 
-  // timeout 0 with a progress hook: exactly one hook call when the first check fails, and a
+  // timeout 0 with a wait hook: exactly one hook call when the first check fails, and a
   // hook that completes the operation makes it succeed.
   struct hook_state {
     int calls = 0;
     compcntr::counter* c = nullptr;
     bool complete = false;
   } hs{0, &f.c, false};
-  compcntr::wait_options o{.progress = [](void* p) {
+  compcntr::wait_options o{.hook = [](void* p) {
                              auto* s = static_cast<hook_state*>(p);
                              ++s->calls;
                              if (s->complete) s->c->add(1);
                            },
-                           .progress_ctx = &hs};
+                           .hook_ctx = &hs};
   CHECK(tr.quiet(0ms, o) == errc::timed_out);
   CHECK(hs.calls == 1);
   hs.calls = 0;
@@ -315,7 +315,7 @@ TEST_CASE("tracker: timeouts are never early; timeout 0 checks once") {
   CHECK(w.join() == 0);
 }
 
-TEST_CASE("tracker: a progress hook alone drives completions (forever)") {
+TEST_CASE("tracker: a wait hook alone drives completions (forever)") {
   fixture f;
   auto& tr = f.tr;
   tr.issue(100);
@@ -324,12 +324,12 @@ TEST_CASE("tracker: a progress hook alone drives completions (forever)") {
     int calls;
   } s{&f.c, 0};
   compcntr::wait_options o{.spin = 0ns,
-                           .progress = [](void* p) {
+                           .hook = [](void* p) {
                              auto* x = static_cast<st*>(p);
                              if (++x->calls % 3 == 0) x->c->add(7);
                            },
-                           .progress_ctx = &s,
-                           .progress_interval = 100us};
+                           .hook_ctx = &s,
+                           .hook_interval = 100us};
   CHECK(tr.quiet(compcntr::wait_forever, o) == errc{});
   CHECK(tr.completed() >= 100);
   CHECK(tr.completed() < 107);

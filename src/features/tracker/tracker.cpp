@@ -1,5 +1,6 @@
 // compcntr::completion_tracker (modules/features/tracker.cppm): creation, error reporting and
-// the waiting half of quiet. Built from the public counter, counter_ref and wait API only.
+// the waiting half of quiet. Built from the public counter, counter_ref and wait API only (plus
+// detail::wait_slot's distance goal, as the credit tracker).
 module;
 #include <atomic>
 #include <cerrno>
@@ -42,7 +43,7 @@ class budget {
 
 }  // namespace
 
-completion_tracker completion_tracker::create(const device& dev, const counter& c,
+completion_tracker completion_tracker::create(const device& dev, counter_view c,
                                               std::error_code& ec) noexcept {
   using detail::fail_into;
   if (!dev) return fail_into(ec, EINVAL, "tracker_create: the device is empty"), completion_tracker{};
@@ -65,7 +66,7 @@ completion_tracker completion_tracker::create(const device& dev, const counter& 
            completion_tracker{};
   std::unique_ptr<detail::tracker_state> s(new (std::nothrow) detail::tracker_state);
   if (!s) return fail_into(ec, ENOMEM, "tracker_create: out of memory"), completion_tracker{};
-  s->ref = dev.resolve(c.handle(), ec);
+  s->ref = dev.resolve(c.id(), ec);
   if (ec) return {};
   s->mask = mask;
   // One read of each value: the baseline and the first report's reference are the same
@@ -120,7 +121,9 @@ std::errc completion_tracker::quiet_slow(std::uint64_t target, std::uint64_t v, 
     if (last) return std::errc::timed_out;
     // Wait for rem more completions than v, the error value staying e: an error wakes the
     // wait (io_error) and is then counted like a completion by the next round.
-    const std::errc w = detail::wait_slow_distance(*s, v, rem, mask, e, b.next().count(), opts);
+    const std::errc w = detail::wait_slot(
+        *s, {.base = v, .need = rem, .mask = mask, .errors_seen = e, .sample_errors = false},
+        b.next().count(), opts);
     last = w == std::errc::timed_out && b.expired();
     v = s_->ref.value();
     e = s_->ref.errors();
