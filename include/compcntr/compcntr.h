@@ -227,5 +227,6 @@ static inline int compcntr_set_err_comp_cntr_inline_(struct compcntr_comp_cntr *
 #include <compcntr/wait.h>
 #include <compcntr/cmd_comp.h>
 #include <compcntr/credits.h>
+#include <compcntr/tracker.h>
 
 #endif /* COMPCNTR_COMPCNTR_H */
