@@ -2,7 +2,9 @@
 // mapping over `import compcntr;`. Other call families live beside this file, one per file.
 #include <compcntr/compcntr.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -16,6 +18,48 @@ import compcntr;
 #include "internal.hpp"
 
 using namespace compcntr::c_api;
+
+namespace compcntr::c_api {
+
+// The slot layout the inline fast paths of <compcntr/compcntr.h> rely on (their ABI).
+using compcntr::detail::slot;
+static_assert(offsetof(slot, value) == offsetof(compcntr_comp_cntr_slot_, value) &&
+              offsetof(slot, errors) == offsetof(compcntr_comp_cntr_slot_, errors) &&
+              offsetof(slot, stripes) == offsetof(compcntr_comp_cntr_slot_, stripes) &&
+              offsetof(slot, watch) == offsetof(compcntr_comp_cntr_slot_, watch) &&
+              offsetof(slot, hw) == offsetof(compcntr_comp_cntr_slot_, hw),
+              "struct compcntr_comp_cntr_slot_ (compcntr.h) must match compcntr::detail::slot");
+static_assert(sizeof(std::atomic<std::uint64_t>) == 8 && sizeof(std::atomic<std::uint32_t>) == 4);
+static_assert(sizeof(c_counter) <= sizeof(slot::c_api) && alignof(c_counter) <= 8,
+              "a C counter fits in its slot's spare bytes");
+
+c_counter* make_c_counter(compcntr_device* dev, compcntr::counter&& cxx) noexcept {
+  const std::uint32_t handle = cxx.index();
+  void* where;
+  if constexpr (c_counters_on_heap) {
+    where = ::operator new(sizeof(c_counter), std::nothrow);
+    if (!where) return nullptr;  // `cxx` destroys the counter
+  } else {
+    where = cxx.native_slot()->c_api;
+  }
+  return new (where) c_counter{dev, handle, 0, std::move(cxx)};
+}
+
+// Neither path runs ~c_counter: its compcntr::counter must not touch a slot that is gone (in
+// the slot mode the object itself lives in that slot). The storage is simply released.
+int destroy_c_counter(c_counter* c) noexcept {
+  if (const std::error_code e = compcntr::detail::destroy_counter_slot(*c->cxx.native_slot()))
+    return e.value();  // EBUSY: the counter stays usable
+  if constexpr (c_counters_on_heap) ::operator delete(c);
+  return 0;
+}
+
+void drop_c_counter(c_counter* c) noexcept {
+  compcntr::detail::unref_counter_slot(*c->cxx.native_slot());
+  if constexpr (c_counters_on_heap) ::operator delete(c);
+}
+
+}  // namespace compcntr::c_api
 
 extern "C" {
 
@@ -74,10 +118,11 @@ struct compcntr_comp_cntr* compcntr_create_comp_cntr(struct compcntr_device* dev
   using compcntr::detail::fail;
   if (!dev) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "create_comp_cntr: dev is NULL"));
   if (!attr) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "create_comp_cntr: attr is NULL"));
-  if (attr->comp_mask & ~std::uint32_t{COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE})
+  constexpr std::uint32_t known_mask =
+      COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE | COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
+  if (attr->comp_mask & ~known_mask)
     return fail_null<compcntr_comp_cntr>(
-        fail(EINVAL, "create_comp_cntr: unknown comp_mask bit(s) 0x%x",
-             attr->comp_mask & ~std::uint32_t{COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE}));
+        fail(EINVAL, "create_comp_cntr: unknown comp_mask bit(s) 0x%x", attr->comp_mask & ~known_mask));
   if (attr->flags != 0)
     return fail_null<compcntr_comp_cntr>(
         fail(EINVAL, "create_comp_cntr: flags must be 0 (got 0x%x)", attr->flags));
@@ -93,26 +138,22 @@ struct compcntr_comp_cntr* compcntr_create_comp_cntr(struct compcntr_device* dev
           fail(EINVAL, "create_comp_cntr: NUMA node %d does not exist", attr->numa_node));
     opts.numa_node = attr->numa_node;
   }
-  auto* c = new (std::nothrow) c_counter{};
-  if (!c) return fail_null<compcntr_comp_cntr>(fail(ENOMEM, "create_comp_cntr: out of memory"));
+  if (attr->comp_mask & COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES) opts.stripes = attr->stripes;
   std::error_code ec;
-  c->cxx = dev->dev.create_counter(opts, ec);
-  if (ec) {
-    delete c;
-    return fail_null<compcntr_comp_cntr>(ec);
-  }
-  c->pub.context = dev;
-  c->pub.handle = c->cxx.index();
-  return &c->pub;
+  compcntr::counter cxx = dev->dev.create_counter(opts, ec);
+  if (ec) return fail_null<compcntr_comp_cntr>(ec);
+  c_counter* c = make_c_counter(dev, std::move(cxx));
+  if (!c) return fail_null<compcntr_comp_cntr>(fail(ENOMEM, "create_comp_cntr: out of memory"));
+  return pub(c);
 }
 
 int compcntr_destroy_comp_cntr(struct compcntr_comp_cntr* cc) {
   if (!cc) return null_arg("destroy_comp_cntr", "cc");
-  std::error_code ec;
-  impl(cc)->cxx.destroy(ec);
-  if (ec) return ec.value();
-  delete impl(cc);
-  return 0;
+  return destroy_c_counter(impl(cc));
+}
+
+void compcntr_priv_notify_slow(struct compcntr_comp_cntr* cc) {
+  if (cc) impl(cc)->cxx.native_slot()->notify_slow();
 }
 
 int compcntr_set_comp_cntr(struct compcntr_comp_cntr* cc, uint64_t value) {
