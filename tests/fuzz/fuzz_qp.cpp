@@ -575,6 +575,65 @@ void op_rdma(FuzzedDataProvider& in, state& s, bool write) {
   complete(s, q.peer, write ? REMOTE_RWRITE : REMOTE_RREAD, true, w.len);
 }
 
+// A ready-made connected pair, so that posts usually meet a working data path: two QPs of one
+// device, a counter (WRS or BYTES, chosen by the input) attached to each op of each side,
+// INIT, connect, and one registration per buffer with every access right.
+void op_setup_pair(FuzzedDataProvider& in, state& s) {
+  if (s.q.size() + 2 > max_objects || s.c.size() + 4 > max_objects || s.m.size() + 2 > max_objects) return;
+  const int d = in.ConsumeIntegralInRange<int>(0, ndev - 1);
+  const std::uint8_t bytes_mask = in.ConsumeIntegral<std::uint8_t>();
+  FUZZ_TRACE("setup pair on dev%d (BYTES mask 0x%x)", d, bytes_mask);
+  int qs[2];
+  for (int k = 0; k < 2; ++k) {
+    errno = 0;
+    compcntr_qp* qp = compcntr_create_qp(devices[d].dev);
+    FUZZ_PTR("create_qp", qp, errno, 0);
+    model_qp m;
+    m.qp = qp;
+    m.dev = d;
+    qs[k] = static_cast<int>(s.q.size());
+    s.q.push_back(m);
+    s.q_live.push_back(true);
+  }
+  // Counters: side k, local ops (SEND|RECV|RDMA_READ|RDMA_WRITE) and remote ops.
+  const std::uint32_t masks[2] = {0x17u, 0x28u};
+  for (int k = 0; k < 2; ++k)
+    for (int j = 0; j < 2; ++j) {
+      const bool bytes = bytes_mask >> (k * 2 + j) & 1u;
+      compcntr_comp_cntr_init_attr a{};
+      a.type = bytes ? COMPCNTR_COMP_CNTR_TYPE_BYTES : COMPCNTR_COMP_CNTR_TYPE_WRS;
+      errno = 0;
+      compcntr_comp_cntr* cc = compcntr_create_comp_cntr(devices[d].dev, &a);
+      FUZZ_PTR("create_comp_cntr", cc, errno, 0);
+      const int ci = static_cast<int>(s.c.size());
+      s.c.push_back(model_counter{cc, d, bytes});
+      s.c_live.push_back(true);
+      compcntr_qp_attach_comp_cntr_attr at{0, masks[j]};
+      FUZZ_RC("qp_attach_comp_cntr", compcntr_qp_attach_comp_cntr(s.q[static_cast<std::size_t>(qs[k])].qp, cc, &at), 0);
+      model_qp& q = s.q[static_cast<std::size_t>(qs[k])];
+      for (int op = 0; op < nops; ++op)
+        if (masks[j] >> op & 1u) q.served[static_cast<std::size_t>(op)] = ci;
+      q.attached.push_back(ci);
+      ++s.c[static_cast<std::size_t>(ci)].attached;
+    }
+  for (int k = 0; k < 2; ++k) {
+    FUZZ_RC("modify_qp", compcntr_modify_qp(s.q[static_cast<std::size_t>(qs[k])].qp, COMPCNTR_QPS_INIT), 0);
+    s.q[static_cast<std::size_t>(qs[k])].state = COMPCNTR_QPS_INIT;
+  }
+  FUZZ_RC("connect_qp", compcntr_connect_qp(s.q[static_cast<std::size_t>(qs[0])].qp, s.q[static_cast<std::size_t>(qs[1])].qp), 0);
+  for (int k = 0; k < 2; ++k) {
+    s.q[static_cast<std::size_t>(qs[k])].state = COMPCNTR_QPS_RTS;
+    s.q[static_cast<std::size_t>(qs[k])].peer = qs[1 - k];
+  }
+  for (int b = 0; b < 2; ++b) {
+    errno = 0;
+    compcntr_mr* mr = compcntr_reg_mr(devices[d].dev, s.buf[b], buf_size, 7);
+    FUZZ_PTR("reg_mr", mr, errno, 0);
+    s.m.push_back(model_mr{mr, d, reinterpret_cast<std::uintptr_t>(s.buf[b]), buf_size, 7, mr->lkey, mr->rkey});
+    s.m_live.push_back(true);
+  }
+}
+
 void op_misc(FuzzedDataProvider& in, state& s) {
   switch (in.ConsumeIntegralInRange<int>(0, 2)) {
     case 0: {
@@ -644,7 +703,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 12: op_rdma(in, s, true); break;
       case 13: op_rdma(in, s, false); break;
       case 14: op_misc(in, s); break;
-      default: op_counter(in, s); break;
+      default: op_setup_pair(in, s); break;
     }
     check_all(s);
   }
