@@ -19,9 +19,10 @@ last=$(grep -E '^#[0-9]+' "$log" | tail -n 1)
 runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
 rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
 cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
+edges=$(sed -n 's/^INFO: Loaded [0-9]* modules *(\([0-9]*\) inline 8-bit counters).*/\1/p' "$log" | head -n 1)
 ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
 corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$last")
-echo "$name: ${runs:-?} executions in ${seconds} s (${rate:-?} exec/s), coverage ${cov:-?} edges, ${ft:-?} features, corpus ${corp:-?} inputs (rc $rc)"
+echo "$name: ${runs:-?} executions in ${seconds} s (${rate:-?} exec/s), coverage ${cov:-?} of ${edges:-?} instrumented edges, ${ft:-?} features, corpus ${corp:-?} inputs (rc $rc)"
 if [ $rc -ne 0 ]; then
   tail -n 80 "$log"
   ls "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-* 2>/dev/null
