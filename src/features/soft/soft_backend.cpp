@@ -1,0 +1,64 @@
+// The software device "soft": always available, every counter a pool slot updated by atomics.
+module;
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <string_view>
+#include <system_error>
+module compcntr;
+
+#include "features/soft/soft.hpp"
+
+namespace compcntr::detail {
+
+namespace {
+class soft_backend final : public backend {
+ public:
+  explicit soft_backend(soft_memory* mem) noexcept : mem_(mem) {}
+  ~soft_backend() override { delete_soft_memory(mem_); }
+  std::string_view name() const noexcept override { return "soft"; }
+  counter_caps caps() const noexcept override {
+    // Loopback QPs count every attach op (src/features/soft/soft_qp.cpp).
+    return {.max_value = UINT64_MAX, .max_counters = 0, .supported_qp_attach_ops = all_attach_ops};
+  }
+  qp_impl* create_qp(device_core& dev, std::error_code& ec) noexcept override {
+    return make_soft_qp(dev, *mem_, ec);
+  }
+  mr_impl* reg_mr(device_core& dev, void* addr, std::size_t length, std::uint32_t access_bits,
+                  std::error_code& ec) noexcept override {
+    return soft_reg_mr(dev, *mem_, addr, length, access_bits, ec);
+  }
+
+ private:
+  soft_memory* mem_;  ///< the device's memory registrations (soft_memory.cpp)
+};
+}  // namespace
+
+std::unique_ptr<backend> make_soft_backend() noexcept {
+  soft_memory* mem = make_soft_memory();
+  if (!mem) return nullptr;
+  auto* be = new (std::nothrow) soft_backend(mem);
+  if (!be) delete_soft_memory(mem);
+  return std::unique_ptr<backend>(be);
+}
+
+std::error_code max_counters_from_env(std::uint32_t& out) noexcept {
+  const char* env = std::getenv("COMPCNTR_MAX_COUNTERS");
+  if (env == nullptr || *env == '\0') {
+    out = default_max_counters;
+    return {};
+  }
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(env, &end, 0);
+  if (errno != 0 || *end != '\0' || env[0] == '-' || v == 0 || v > slot_pool::max_capacity)
+    return fail(EINVAL, "open_device: COMPCNTR_MAX_COUNTERS='%s' is not a number in 1..%u", env,
+                slot_pool::max_capacity);
+  out = static_cast<std::uint32_t>(v);
+  return {};
+}
+
+}  // namespace compcntr::detail
