@@ -286,14 +286,17 @@ int socket(int domain, int type, int protocol) {
 // ---- hwloc ----
 
 int hwloc_topology_init(hwloc_topology_t* t) {
-  if (hit(fault::hwloc, __builtin_return_address(0))) {
+  if (st.hwloc_load_depth == 0 && hit(fault::hwloc, __builtin_return_address(0))) {
     errno = ENOMEM;
     return -1;
   }
-  return real_topology_init(t);
+  ++st.hwloc_load_depth;
+  const int r = real_topology_init(t);
+  --st.hwloc_load_depth;
+  return r;
 }
 int hwloc_topology_load(hwloc_topology_t t) {
-  if (hit(fault::hwloc, __builtin_return_address(0))) {
+  if (st.hwloc_load_depth == 0 && hit(fault::hwloc, __builtin_return_address(0))) {
     errno = ENOMEM;
     return -1;
   }
@@ -303,7 +306,7 @@ int hwloc_topology_load(hwloc_topology_t t) {
   return r;
 }
 void* hwloc_alloc(hwloc_topology_t t, std::size_t len) {
-  if (hit(fault::hwloc, __builtin_return_address(0))) {
+  if (st.hwloc_load_depth == 0 && hit(fault::hwloc, __builtin_return_address(0))) {
     errno = ENOMEM;
     return nullptr;
   }
@@ -311,14 +314,17 @@ void* hwloc_alloc(hwloc_topology_t t, std::size_t len) {
 }
 void* hwloc_alloc_membind(hwloc_topology_t t, std::size_t len, hwloc_const_bitmap_t set,
                           hwloc_membind_policy_t policy, int flags) {
-  if (hit(fault::hwloc, __builtin_return_address(0))) {
+  if (st.hwloc_load_depth == 0 && hit(fault::hwloc, __builtin_return_address(0))) {
     errno = ENOMEM;
     return nullptr;
   }
-  return real_hwloc_alloc_membind(t, len, set, policy, flags);
+  ++st.hwloc_load_depth;
+  void* p = real_hwloc_alloc_membind(t, len, set, policy, flags);
+  --st.hwloc_load_depth;
+  return p;
 }
 hwloc_bitmap_t hwloc_bitmap_alloc(void) {
-  if (hit(fault::hwloc, __builtin_return_address(0))) {
+  if (st.hwloc_load_depth == 0 && hit(fault::hwloc, __builtin_return_address(0))) {
     errno = ENOMEM;
     return nullptr;
   }

@@ -7,7 +7,11 @@
 //   alloc   every operator new / new[] (plain, nothrow, aligned): std::bad_alloc or nullptr
 //   fd      eventfd, epoll_create1, timerfd_create, pipe2, socket: -1 with errno EMFILE
 //   hwloc   hwloc_topology_init, hwloc_topology_load, hwloc_alloc, hwloc_alloc_membind,
-//           hwloc_bitmap_alloc: their documented failure (-1 / NULL, errno ENOMEM)
+//           hwloc_bitmap_alloc called by compcntr: their documented failure (-1 / NULL, errno
+//           ENOMEM). Calls hwloc makes to its own exported functions (inside
+//           hwloc_topology_init, _load and hwloc_alloc_membind) are not failed: hwloc does not check
+//           them (a failed internal hwloc_bitmap_alloc is a NULL dereference in hwloc); what
+//           fails inside hwloc is the malloc kind's business.
 //   malloc  malloc, calloc, realloc, aligned_alloc, posix_memalign, memalign: NULL / ENOMEM.
 //           Only without AddressSanitizer (whose runtime owns malloc): see available().
 // Injection is per thread: only points reached by the thread that armed it count, so the
@@ -33,7 +37,8 @@ long failed();
 bool malloc_available();
 /// Distinct call sites (return addresses) of points reached since the program started.
 std::size_t distinct_sites();
-/// True while the calling thread is inside hwloc_topology_load (for crash attribution).
+/// True while the calling thread is inside hwloc_topology_init, hwloc_topology_load or
+/// hwloc_alloc_membind (crash attribution).
 bool inside_hwloc_load();
 
 }  // namespace fault
