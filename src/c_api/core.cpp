@@ -2,6 +2,7 @@
 // mapping over `import compcntr;`. Other call families live beside this file, one per file.
 #include <compcntr/compcntr.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -22,6 +23,13 @@ extern "C" {
 const char* compcntr_last_error_message(void) { return compcntr::last_error_message().data(); }
 
 struct compcntr_device* compcntr_open_device(const char* name) {
+  // compcntr.h: NULL or "auto", "soft", else a verbs device name. No device is named "" (the
+  // C++ device::open reads an empty name as "auto"; the C API keeps to its header).
+  if (name && *name == '\0')
+    return fail_null<compcntr_device>(compcntr::detail::fail(
+        ENODEV, "open_device: the device name is empty, and no device has that name (NULL or "
+                "\"auto\": a native device if one works, else the software device; \"soft\": the "
+                "software device)"));
   std::error_code ec;
   compcntr::device dev = compcntr::device::open(name ? name : "auto", ec);
   if (ec) return fail_null<compcntr_device>(ec);
@@ -106,10 +114,27 @@ struct compcntr_comp_cntr* compcntr_create_comp_cntr(struct compcntr_device* dev
 
 int compcntr_destroy_comp_cntr(struct compcntr_comp_cntr* cc) {
   if (!cc) return null_arg("destroy_comp_cntr", "cc");
+  // Acquire: pairs with set_owner's release (an owner set before this call is seen).
+  if (const char* owner = impl(cc)->owner.load(std::memory_order_acquire))
+    return compcntr::detail::fail(EBUSY, "destroy_comp_cntr: counter %u is owned by %s; it stays "
+                                  "usable", cc->handle, owner).value();
   std::error_code ec;
   impl(cc)->cxx.destroy(ec);
   if (ec) return ec.value();
   delete impl(cc);
+  return 0;
+}
+
+int compcntr_comp_cntr_set_owner(struct compcntr_comp_cntr* cc, const char* owner) {
+  if (!cc) return null_arg("comp_cntr_set_owner", "cc");
+  if (owner == nullptr) {
+    impl(cc)->owner.store(nullptr, std::memory_order_release);
+    return 0;
+  }
+  const char* none = nullptr;
+  if (!impl(cc)->owner.compare_exchange_strong(none, owner, std::memory_order_acq_rel))
+    return compcntr::detail::fail(EBUSY, "comp_cntr_set_owner: counter %u is already owned by %s",
+                                  cc->handle, none).value();
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #ifndef COMPCNTR_SRC_C_API_INTERNAL_HPP
 #define COMPCNTR_SRC_C_API_INTERNAL_HPP
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -23,6 +24,9 @@ namespace compcntr::c_api {
 struct c_counter {
   compcntr_comp_cntr pub;
   compcntr::counter cxx;
+  /// Set while another object owns the counter (compcntr_comp_cntr_set_owner: a libfabric
+  /// adapter fid_cntr): destroy is EBUSY and names it. A static string; nullptr: not owned.
+  std::atomic<const char*> owner{nullptr};
 };
 static_assert(std::is_standard_layout_v<c_counter>);
 

@@ -515,33 +515,55 @@ void family_qp() {
     FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy after the QP");
     return {pts, r != 0};
   });
-  // Posts that queue (nothing to match yet) allocate queue space: ENOMEM changes nothing.
+  // Posts that queue (nothing to match yet) allocate queue space now and then (a deque grows
+  // by blocks): `before` posts are queued first so that the swept post is one that allocates.
   for (bool recv_first : {true, false}) {
-    fault::sweep(recv_first ? "post_recv (queued)" : "post_send (queued)", fault::all & ~fault::malloc_,
-                 [&](mode m, long k, unsigned kinds) -> attempt_result {
+    char many[64][64];
+    compcntr_mr* mmr = compcntr_reg_mr(d, many, sizeof many, COMPCNTR_ACCESS_LOCAL_WRITE);
+    auto post = [&](pair& p, int i) {
+      return recv_first ? compcntr_post_recv(p.b, static_cast<std::uint64_t>(i), many[i], 64, mmr->lkey)
+                        : compcntr_post_send(p.a, static_cast<std::uint64_t>(i), src, 8, smr->lkey);
+    };
+    int before = -1;  // the first queue length at which one more post allocates
+    for (int b = 0; b < 63 && before < 0; ++b) {
+      pair p = make_pair(d);
+      for (int i = 0; i < b; ++i) post(p, i);
+      fault::arm(mode::count, 0, fault::all & ~fault::malloc_);
+      post(p, b);
+      if (fault::disarm() > 0) before = b;
+      drop_pair(p);
+    }
+    FCHECK(before >= 0, "no queued post allocates within 63 posts");
+    if (before < 0) before = 0;
+    fault::sweep(recv_first ? "post_recv (queued, the queue grows)" : "post_send (queued, the queue grows)",
+                 fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
                    pair p = make_pair(d);
+                   for (int i = 0; i < before; ++i) post(p, i);
                    fault::arm(m, k, kinds);
-                   const int r = recv_first ? compcntr_post_recv(p.b, 1, dst, sizeof dst, dmr->lkey)
-                                            : compcntr_post_send(p.a, 1, src, 8, smr->lkey);
+                   const int r = post(p, before);
                    const long pts = fault::disarm();
                    if (r != 0) {
                      FCHECK(r == ENOMEM, "post = %d (%s)", r, std::strerror(r));
                      FCHECK(value(p.send) == 0 && value(p.recv) == 0, "no completion");
                      FCHECK(compcntr_qp_state(p.a) == COMPCNTR_QPS_RTS && compcntr_qp_state(p.b) == COMPCNTR_QPS_RTS,
                             "both stay RTS");
-                     FCHECK((recv_first ? compcntr_post_recv(p.b, 1, dst, sizeof dst, dmr->lkey)
-                                        : compcntr_post_send(p.a, 1, src, 8, smr->lkey)) == 0,
-                            "the post works once the fault is gone");
+                     FCHECK(post(p, before) == 0, "the post works once the fault is gone");
                    }
-                   FCHECK((recv_first ? compcntr_post_send(p.a, 2, src, 8, smr->lkey)
-                                      : compcntr_post_recv(p.b, 2, dst, sizeof dst, dmr->lkey)) == 0,
-                          "the matching post");
-                   FCHECK(value(p.send) == 1 && value(p.recv) == 1 && std::memcmp(dst, "payload", 8) == 0,
-                          "exactly one message moved");
-                   std::memset(dst, 0, sizeof dst);
+                   // Match everything queued: exactly before + 1 messages move.
+                   for (int i = 0; i <= before; ++i)
+                     FCHECK((recv_first ? compcntr_post_send(p.a, 100, src, 8, smr->lkey)
+                                        : compcntr_post_recv(p.b, 100, many[i], 64, mmr->lkey)) == 0,
+                            "the matching post");
+                   const auto n = static_cast<std::uint64_t>(before + 1);
+                   FCHECK(value(p.send) == n && value(p.recv) == n, "exactly %llu messages moved (%llu/%llu)",
+                          static_cast<unsigned long long>(n), static_cast<unsigned long long>(value(p.send)),
+                          static_cast<unsigned long long>(value(p.recv)));
+                   FCHECK(std::memcmp(many[before], "payload", 8) == 0, "the last message's bytes");
+                   std::memset(many, 0, sizeof many);
                    drop_pair(p);
                    return {pts, r != 0};
                  });
+    compcntr_dereg_mr(mmr);
   }
   {
     pair p = make_pair(d);

@@ -18,9 +18,9 @@ fuzz::shared_device devices[ndev];
 // credits.h: credits_per_peer above a quarter of the counter range (2^64 / 4 = 2^62) is EINVAL,
 // and docs/credits.md says 2^62 itself is allowed.
 constexpr std::uint64_t max_credits = std::uint64_t{1} << 62;
-// Issue 15 defect 5: the library refuses 2^62 (its limit is 2^62 - 1). Until the fix lands,
-// the harness does not ask for exactly 2^62 (the regression test in tests/ shows the defect).
-constexpr bool credits_2_62_fixed = false;
+// Issue 15 defect 5: the library refused 2^62 (its limit was 2^62 - 1); fixed, so the harness
+// asks for exactly 2^62 too (tests/defects has the regression test).
+constexpr bool credits_2_62_fixed = true;
 
 struct peer {
   std::uint64_t issued = 0, comp = 0, err = 0;
