@@ -1,12 +1,34 @@
-// compcntr:backend -- the device interface every backend implements, and the device core.
+// compcntr:backend -- the device seam: what a backend must do (count), what it may offer
+// (QPs/MRs, native attach, async commands), and the device core.
 //
-// A device = one backend (soft, verbs, ...) + one slot pool + a reference count. The C++
-// compcntr::device handle holds one reference; every live object created from the device
-// (counter, QP, cmd_comp, ...) holds one more, so a device never dies under its objects.
+// Purpose: a device = one backend (soft, verbs, a test's fake) + one slot pool + a reference
+// count + the services higher layers attach to it. The C++ compcntr::device object holds one
+// reference; every live object created from the device (counter, QP, cmd_comp, ...) holds one
+// more, so a device never dies under its objects.
+//
+// The seam: `backend` is a counter backend only (name, caps, counter type check, bind/unbind of
+// a counter to device resources, value queries). Everything else is an optional capability the
+// backend offers through an accessor that returns nullptr when it has none, declared by the
+// layer that uses it:
+//   * qps()          -> qp_capability (compcntr:qp): compcntr-made QPs and memory registrations
+//                       (the software device);
+//   * native_attach()-> native_attach_capability (compcntr:qp): native hardware counters an
+//                       application's ibv_qp can be attached to (rdma-core 65+);
+//   * commands()     -> command_capability (compcntr:cmd_comp): the device answers asynchronous
+//                       commands itself (mlx5 DEVX); without it compcntr:cmd_comp serves them
+//                       with its software command engine, a device_service it attaches itself.
+// The defaults of the counter backend and of devices (open_backend, COMPCNTR_MAX_COUNTERS) are
+// in src/core/backend.cpp.
 //
 // Progress: completions that do not happen inside a compcntr call (an emulated verbs QP's CQ
 // entries) are drained by progress sources registered with the device (progress_registry).
 // device_core::progress() runs them; for a device with no source it is one relaxed load.
+//
+// Requirements: a backend's virtuals are called concurrently from any thread (bind/unbind once
+// per counter; query_values on the command engine thread). Guarantees: the device core deletes
+// the backend after every service has stopped and every object of the device is gone.
+// Memory ordering: device_core::retain/release as stated there; services are published with a
+// release store and found with acquire loads.
 module;
 #include <atomic>
 #include <cerrno>
@@ -28,11 +50,12 @@ import :error;
 export namespace compcntr::detail {
 
 class device_core;
-class qp_impl;         // compcntr:qp
-class mr_impl;         // compcntr:mr
-class cmd_comp_core;   // compcntr:cmd_comp
-class command_engine;  // src/features/cmd_comp/engine.cpp
+class cmd_comp_core;             // compcntr:cmd_comp
+class qp_capability;             // compcntr:qp
+class native_attach_capability;  // compcntr:qp
+class command_capability;        // compcntr:cmd_comp
 
+/// A counter backend (see the file comment). Defaults: src/core/backend.cpp.
 class backend {
  public:
   virtual ~backend() = default;
@@ -40,29 +63,16 @@ class backend {
   virtual std::string_view name() const noexcept = 0;
   /// max_value and supported_qp_attach_ops of this device; max_counters is the pool's.
   virtual counter_caps caps() const noexcept = 0;
-  /// ENOTSUP (with a message) if the device cannot count `type`.
+  /// ENOTSUP (with a message) if the device cannot count `type`. Default: WRS and BYTES.
   virtual std::error_code check_type(counter_type type) const noexcept;
   /// Called once a slot is assigned to a new counter: native backends create the hardware
   /// counter here and set s.hw / s.backend_data. On failure the backend leaves the slot unbound
   /// (hw and backend_data as they were: nullptr); the caller then drops the counter's
-  /// reference, which calls unbind_counter() on it when it is the last one.
+  /// reference, which calls unbind_counter() on it when it is the last one. Default: nothing.
   virtual std::error_code bind_counter(slot& s) noexcept;
   /// Called when the counter's last reference is gone, before its slot returns to the pool.
-  /// Must accept a slot whose bind_counter() failed (nothing to undo then).
+  /// Must accept a slot whose bind_counter() failed (nothing to undo then). Default: nothing.
   virtual void unbind_counter(slot& s) noexcept;
-  /// A new QP in RESET (it holds a reference to `dev`). Default: ENOTSUP (no compcntr-made QPs).
-  virtual qp_impl* create_qp(device_core& dev, std::error_code& ec) noexcept;
-  /// Registers [addr, addr+length) with `access` (compcntr::access bits). Default: ENOTSUP.
-  virtual mr_impl* reg_mr(device_core& dev, void* addr, std::size_t length, std::uint32_t access,
-                          std::error_code& ec) noexcept;
-  /// The ibv_context (as void*) when this device's counters are native hardware counters that
-  /// an ibv_qp can be attached to with ibv_qp_attach_comp_cntr; nullptr otherwise (counters are
-  /// software slots and wrapped verbs QPs are counted by draining their CQs).
-  virtual void* native_context() const noexcept { return nullptr; }
-  /// Programs the hardware so native counter `s` counts `op_mask` of `ibv_qp` (a struct ibv_qp*).
-  /// Only called when native_context() is not null. Default: ENOTSUP.
-  virtual std::error_code native_attach(void* ibv_qp, slot& s, std::uint32_t op_mask) noexcept;
-
   /// The device side of an asynchronous counter query (compcntr:cmd_comp): fills out[i] with the
   /// values the device holds for *slots[i] now. Called on the device's command engine thread,
   /// one call per batch of up to command_engine_batch queries, every slot pinned (bound, never
@@ -70,9 +80,32 @@ class backend {
   /// counters that have one. Backends whose values live elsewhere override it.
   virtual void query_values(std::span<slot* const> slots, counter_values* out) noexcept;
 
-  /// Creates the object that serves asynchronous command completion for this device. Default:
-  /// a software cmd_comp answered by the device's command engine thread. nullptr + ec on error.
-  virtual cmd_comp_core* create_cmd_comp(device_core& dev, std::error_code& ec) noexcept;
+  /// Optional capabilities (see the file comment): nullptr when the backend has none.
+  virtual qp_capability* qps() noexcept { return nullptr; }
+  virtual native_attach_capability* native_attach() noexcept { return nullptr; }
+  virtual command_capability* commands() noexcept { return nullptr; }
+};
+
+/// Something a higher layer attaches to a device and the device stops when it dies (the
+/// software command engine of compcntr:cmd_comp). Found by its key (the address of a static
+/// object of the layer that owns it). Requirements: stop() ends the service and frees it (now
+/// or later); it is called once, before the backend is deleted, by whichever thread drops the
+/// device's last reference, never while an object of the device lives.
+class device_service {
+ public:
+  explicit device_service(const void* key) noexcept : key_(key) {}
+  device_service(const device_service&) = delete;
+  device_service& operator=(const device_service&) = delete;
+  virtual void stop() noexcept = 0;
+  inline const void* key() const noexcept { return key_; }
+
+ protected:
+  ~device_service() = default;  // stop() owns deletion
+
+ private:
+  friend class device_core;
+  const void* key_;
+  device_service* next_ = nullptr;  ///< the device's list, written before publication
 };
 
 /// Something that turns completions into counter updates when polled (e.g. an emulated verbs
@@ -174,20 +207,28 @@ class device_core {
   inline std::size_t progress() noexcept { return progress_.progress(); }
   inline progress_registry& progress_sources() noexcept { return progress_; }
 
-  /// The device's command engine (started on first use): the thread that answers software
-  /// asynchronous commands, the way a device's firmware would. nullptr + ec if it cannot start.
-  command_engine* engine(std::error_code& ec) noexcept;
+  /// The service attached under `key`, or nullptr. Lock-free. Memory ordering: acquire loads
+  /// (pair with add_service's release store: the service is seen fully constructed).
+  inline device_service* find_service(const void* key) const noexcept {
+    for (device_service* s = services_.load(std::memory_order_acquire); s != nullptr; s = s->next_)
+      if (s->key_ == key) return s;
+    return nullptr;
+  }
+  /// Attaches `s` unless a service with its key is attached already; returns the one attached
+  /// (then `s` was not taken: the caller stops it). Serialised by a mutex (once per service).
+  device_service* add_service(device_service& s) noexcept;
 
  private:
-  ~device_core();  // stops the command engine (src/features/cmd_comp/engine.cpp)
+  ~device_core();  // stops the services (src/core/device.cpp)
   std::unique_ptr<backend> backend_;
   slot_pool pool_;
   progress_registry progress_;
   std::atomic<std::uint32_t> refs_{1};
-  std::atomic<command_engine*> engine_{nullptr};  ///< destroyed first (declared last)
+  std::mutex services_mu_;                        ///< add_service only
+  std::atomic<device_service*> services_{nullptr};  ///< newest first
 };
 
-/// Opens the backend for `name` (see compcntr::device::open). Defined in src/core/device.cpp.
+/// Opens the backend for `name` (see compcntr::device::open). Defined in src/core/backend.cpp.
 std::unique_ptr<backend> open_backend(std::string_view name, std::error_code& ec) noexcept;
 /// The software device (src/features/soft/).
 std::unique_ptr<backend> make_soft_backend() noexcept;
@@ -195,7 +236,7 @@ std::unique_ptr<backend> make_soft_backend() noexcept;
 /// nullptr and ENODEV (with a message naming what was found) when there is none.
 std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_code& ec) noexcept;
 /// Pool capacity for a device being opened: COMPCNTR_MAX_COUNTERS if set (EINVAL if it is not a
-/// number in 1..slot_pool::max_capacity), else default_max_counters.
+/// number in 1..slot_pool::max_capacity), else default_max_counters (src/core/backend.cpp).
 std::error_code max_counters_from_env(std::uint32_t& out) noexcept;
 inline constexpr std::uint32_t default_max_counters = 1u << 20;
 

@@ -40,6 +40,7 @@ module;
 #include <utility>
 export module compcntr:cmd_comp;
 import :slot;
+import :lifetime;
 import :types;
 import :backend;
 import :counter;
@@ -49,9 +50,16 @@ import :error;
 export namespace compcntr {
 
 /// One query of a batch: which counter, and the caller's id echoed in the response.
+/// `{&counter, wr_id}` and `{view, wr_id}` both work; an empty view (or a null pointer) is
+/// refused by query() with EINVAL.
 struct query_request {
-  const counter* c = nullptr;
+  counter_view c;
   std::uint64_t wr_id = 0;
+
+  query_request() noexcept = default;
+  inline query_request(counter_view v, std::uint64_t id) noexcept : c(v), wr_id(id) {}
+  inline query_request(const counter* p, std::uint64_t id) noexcept
+      : c(p != nullptr ? p->view() : counter_view()), wr_id(id) {}
 };
 
 /// A collected response: the query's wr_id and the counter's values when it was answered.
@@ -117,16 +125,20 @@ class cmd_comp_core {
   device_core* dev_;
 };
 
+/// Optional capability of a backend (backend::commands()): the device answers asynchronous
+/// commands itself (mlx5 DEVX). Devices without it get the software cmd_comp below.
+class command_capability {
+ public:
+  /// A cmd_comp served by the device; it retains `dev`. nullptr + ec on error.
+  virtual cmd_comp_core* create_cmd_comp(device_core& dev, std::error_code& ec) noexcept = 0;
+
+ protected:
+  ~command_capability() = default;
+};
+
 /// The software cmd_comp served by the device's command engine (src/features/cmd_comp/engine.cpp).
 /// Retains the device; nullptr + ec (ENOMEM, EMFILE, ...) on failure.
 cmd_comp_core* make_engine_cmd_comp(device_core& dev, std::error_code& ec) noexcept;
-
-/// Holds a counter slot bound past its destruction (see slot::pins). The caller must own a live
-/// reference to the counter at the time of the call. Memory ordering: relaxed (an RMW on pins;
-/// unpin_slot's acq_rel RMW orders the holder's reads before the slot's release).
-inline void pin_slot(slot& s) noexcept { s.pins.fetch_add(1, std::memory_order_relaxed); }
-/// Drops a pin; the last one after the counter's destruction releases the slot (src/core/counter.cpp).
-void unpin_slot(slot& s) noexcept;
 
 }  // namespace compcntr::detail
 
@@ -160,7 +172,7 @@ class cmd_completion {
   /// Issues an asynchronous query of `c`, answered on this object with `wr_id`. EAGAIN when
   /// 1 MiB of responses is outstanding (nothing changes); EINVAL when `c` is empty or belongs
   /// to another device.
-  std::error_code query(const counter& c, std::uint64_t wr_id) noexcept;
+  std::error_code query(counter_view c, std::uint64_t wr_id) noexcept;
   /// Issues a batch (one queue operation, one engine wake-up). Returns how many of the first
   /// requests were accepted; fewer than reqs.size() sets ec (EAGAIN, EINVAL).
   std::size_t query(std::span<const query_request> reqs, std::error_code& ec) noexcept;

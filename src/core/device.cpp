@@ -1,10 +1,11 @@
-// Devices (compcntr:device, compcntr:backend): open, caps, counter creation, close.
+// Devices (compcntr:device, compcntr:backend): open, caps, counter creation, close, the
+// services higher layers attach. Backend defaults: src/core/backend.cpp.
 module;
-#include "compcntr_config.h"
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <system_error>
 module compcntr;
@@ -12,24 +13,6 @@ module compcntr;
 namespace compcntr {
 
 namespace detail {
-
-std::error_code backend::check_type(counter_type type) const noexcept {
-  if (type == counter_type::wrs || type == counter_type::bytes) return {};
-  return fail(EINVAL, "unknown counter type %u", static_cast<unsigned>(type));
-}
-std::error_code backend::bind_counter(slot&) noexcept { return {}; }
-void backend::unbind_counter(slot&) noexcept {}
-
-std::unique_ptr<backend> open_backend(std::string_view name, std::error_code& ec) noexcept {
-  if (name == "soft") return make_soft_backend();
-  if (name.empty() || name == "auto") {
-    // A native device if one opens; otherwise the software device, which always works.
-    std::error_code native_ec;
-    if (auto be = open_verbs_backend({}, native_ec)) return be;
-    return make_soft_backend();
-  }
-  return open_verbs_backend(name, ec);
-}
 
 std::error_code device_core::close() noexcept {
   std::uint32_t expected = 1;
@@ -39,6 +22,24 @@ std::error_code device_core::close() noexcept {
                 static_cast<int>(be().name().size()), be().name().data(), expected - 1);
   delete this;
   return {};
+}
+
+device_service* device_core::add_service(device_service& s) noexcept {
+  std::lock_guard lock(services_mu_);
+  if (device_service* have = find_service(s.key())) return have;
+  s.next_ = services_.load(std::memory_order_relaxed);
+  services_.store(&s, std::memory_order_release);
+  return &s;
+}
+
+device_core::~device_core() {
+  // No object of the device lives (refs reached 0), so no service is in use: stop them all
+  // before the backend goes (a command engine thread may still be winding down in its stop()).
+  for (device_service* s = services_.load(std::memory_order_acquire); s != nullptr;) {
+    device_service* next = s->next_;
+    s->stop();
+    s = next;
+  }
 }
 
 }  // namespace detail
@@ -107,7 +108,7 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
   s->type = opts.type;
   // The device reference first: from here on the slot is a counter like any other, and a
   // failed bind gives it back the way a destroyed counter goes (last reference drops it). It
-  // must not go straight back to the pool: a resolver holding a stale handle of the slot's
+  // must not go straight back to the pool: a resolver holding a stale id of the slot's
   // previous counter may have taken a reference since the pool handed it out (its CAS sees
   // refs == 1), and that reference must be dropped on this slot, not on the slot's next owner.
   core_->retain();

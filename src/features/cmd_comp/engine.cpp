@@ -1,7 +1,7 @@
-// The command engine: one thread per device, started on first use, that answers the device's
-// software asynchronous commands the way firmware would; the software cmd_comp it serves (issue,
-// answer, publish with exact fd readiness, get, destroy); and the device/backend hooks around
-// them (compcntr:cmd_comp). Design and class definitions: src/features/cmd_comp/engine.hpp, included by
+// The command engine: one thread per device, started on first use and attached to the device as
+// a device_service, that answers the device's software asynchronous commands the way firmware
+// would; and the software cmd_comp it serves (issue, answer, publish with exact fd readiness,
+// get, destroy) (compcntr:cmd_comp). Design and class definitions: src/features/cmd_comp/engine.hpp, included by
 // this unit only (module-attached classes must be defined in one unit of the module).
 module;
 #include <algorithm>
@@ -67,10 +67,10 @@ std::error_code orphaned_error(const char* call, const command_engine& e) noexce
               "a new device here", call, static_cast<int>(e.owner_pid()), static_cast<int>(::getpid()));
 }
 
-command_engine* command_engine::start(std::error_code& ec) noexcept {
+command_engine* command_engine::start(const void* key, std::error_code& ec) noexcept {
   static const int atfork = ::pthread_atfork(nullptr, nullptr, count_fork_in_child);
   (void)atfork;  // registration failure (ENOMEM) only loses the fork check
-  auto* e = new (std::nothrow) command_engine;
+  auto* e = new (std::nothrow) command_engine(key);
   if (!e) {
     fail_into(ec, ENOMEM, "create_cmd_comp: out of memory for the command engine");
     return nullptr;
@@ -382,7 +382,7 @@ void engine_cmd_comp::destroy() noexcept {
 // ---- factories and the device's engine ------------------------------------------------------
 
 cmd_comp_core* make_engine_cmd_comp(device_core& dev, std::error_code& ec) noexcept {
-  command_engine* eng = dev.engine(ec);
+  command_engine* eng = device_engine(dev, ec);
   if (!eng) return nullptr;
   const int efd = ::eventfd(0, EFD_CLOEXEC);
   if (efd < 0) {
@@ -403,39 +403,28 @@ cmd_comp_core* make_engine_cmd_comp(device_core& dev, std::error_code& ec) noexc
   return cc;
 }
 
-command_engine* device_core::engine(std::error_code& ec) noexcept {
-  if (command_engine* e = engine_.load(std::memory_order_acquire)) {
+namespace {
+/// The key of the command engine among a device's services.
+constexpr char engine_service_key = 0;
+}  // namespace
+
+command_engine* device_engine(device_core& dev, std::error_code& ec) noexcept {
+  if (device_service* s = dev.find_service(&engine_service_key)) {
+    auto* e = static_cast<command_engine*>(s);
     if (e->foreign()) [[unlikely]] {
       ec = orphaned_error("create_cmd_comp", *e);
       return nullptr;
     }
     return e;
   }
-  command_engine* mine = command_engine::start(ec);
+  command_engine* mine = command_engine::start(&engine_service_key, ec);
   if (!mine) return nullptr;
-  command_engine* expected = nullptr;
-  if (!engine_.compare_exchange_strong(expected, mine, std::memory_order_acq_rel,
-                                       std::memory_order_acquire)) {
-    mine->stop();  // another thread installed one first (rare): ours never served anything
-    return expected;
+  device_service* winner = dev.add_service(*mine);
+  if (winner != mine) {
+    mine->stop();  // another thread attached one first (rare): ours never served anything
+    return static_cast<command_engine*>(winner);
   }
   return mine;
-}
-
-device_core::~device_core() {
-  if (command_engine* e = engine_.load(std::memory_order_acquire)) e->stop();
-}
-
-void backend::query_values(std::span<slot* const> slots, counter_values* out) noexcept {
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    slot& s = *slots[i];
-    if (s.hw != nullptr && s.hw->refresh != nullptr) s.hw->refresh(s);
-    out[i] = counter_values{s.load_value(), s.load_errors()};
-  }
-}
-
-cmd_comp_core* backend::create_cmd_comp(device_core& dev, std::error_code& ec) noexcept {
-  return make_engine_cmd_comp(dev, ec);
 }
 
 }  // namespace compcntr::detail

@@ -123,14 +123,15 @@ class node_arena {
 
 class engine_cmd_comp;
 
-/// The thread that answers a device's software asynchronous commands. Reference-counted by its
+/// The thread that answers a device's software asynchronous commands: a service of its device
+/// (device_engine() attaches it on first use; the device stops it). Reference-counted by its
 /// device and by its own thread. The device is never released on the engine thread (a cmd_comp
 /// keeps its device reference until its in-flight queries are answered, and the engine's last
 /// act on a chain is to say so), but stop() still detaches instead of self-joining if it were.
-class command_engine {
+class command_engine final : public device_service {
  public:
-  /// Starts the thread; nullptr + ec if it cannot.
-  static command_engine* start(std::error_code& ec) noexcept;
+  /// Starts the thread; nullptr + ec if it cannot. `key`: its key among the device's services.
+  static command_engine* start(const void* key, std::error_code& ec) noexcept;
 
   /// Queues `cc` for service. Memory ordering: seq_cst push, then seq_cst load of `sleeping_`;
   /// the engine stores `sleeping_` (seq_cst) before re-checking the queue (seq_cst), so either
@@ -139,7 +140,7 @@ class command_engine {
 
   /// The device's side of shutdown: stops the thread after it has drained its run queue, then
   /// drops the device's reference. Joins, or detaches when called on the engine thread itself.
-  void stop() noexcept;
+  void stop() noexcept override;
   /// True in a process forked from the one that started this engine: its thread does not exist
   /// here (fork copies only the calling thread). One relaxed load.
   bool foreign() const noexcept;
@@ -147,7 +148,8 @@ class command_engine {
   pid_t owner_pid() const noexcept { return pid_; }
 
  private:
-  command_engine() noexcept = default;
+  explicit command_engine(const void* key) noexcept : device_service(key) {}
+  ~command_engine() = default;
   void run() noexcept;
   void wake() noexcept;
   void release() noexcept {
@@ -227,6 +229,10 @@ class engine_cmd_comp final : public cmd_comp_core {
   std::atomic<bool> destroyed_{false};
   std::atomic<std::uint32_t> refs_{1};          ///< owner + 1 while queued on the engine
 };
+
+/// The command engine of `dev`, started and attached on first use; nullptr + ec if it cannot
+/// start.
+command_engine* device_engine(device_core& dev, std::error_code& ec) noexcept;
 
 }  // namespace compcntr::detail
 

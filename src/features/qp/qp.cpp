@@ -74,14 +74,10 @@ std::error_code qp_impl::attach(slot& s, const attach_options& o) noexcept {
       return fail(ENOMEM, "qp_attach_comp_cntr: out of memory");
     }
     // Take a reference unless the counter is already gone: counter::destroy() CASes refs 1 -> 0,
-    // so either this CAS sees refs >= 1 and destroy() then fails with EBUSY, or destroy() won
-    // and this sees 0. Memory ordering: acq_rel, as unref_counter_slot's fetch_sub.
-    std::uint32_t r = s.refs.load(std::memory_order_acquire);
-    do {
-      if (r == 0)
-        return fail(EINVAL, "qp_attach_comp_cntr: counter %u is being destroyed", s.index);
-    } while (!s.refs.compare_exchange_weak(r, r + 1, std::memory_order_acq_rel,
-                                           std::memory_order_acquire));
+    // so either this sees refs >= 1 and destroy() then fails with EBUSY, or destroy() won and
+    // this sees 0 (compcntr:lifetime).
+    if (!take_counter_ref(s))
+      return fail(EINVAL, "qp_attach_comp_cntr: counter %u is being destroyed", s.index);
   }
   if (auto e = attach_hook(s, o.op_mask)) {
     if (!have) unref_counter_slot(s);
@@ -129,26 +125,6 @@ void qp_impl::destroy() noexcept {
   dev->release();
 }
 
-// ---- backend defaults: devices without compcntr-made QPs or registrations ----
-
-qp_impl* backend::create_qp(device_core&, std::error_code& ec) noexcept {
-  fail_into(ec, ENOTSUP, "create_qp: device '%.*s' has no software QPs; wrap your own ibv_qp "
-            "(wrap_verbs_qp)", static_cast<int>(name().size()), name().data());
-  return nullptr;
-}
-
-mr_impl* backend::reg_mr(device_core&, void*, std::size_t, std::uint32_t,
-                         std::error_code& ec) noexcept {
-  fail_into(ec, ENOTSUP, "reg_mr: device '%.*s' has no software memory registration; use "
-            "ibv_reg_mr", static_cast<int>(name().size()), name().data());
-  return nullptr;
-}
-
-std::error_code backend::native_attach(void*, slot&, std::uint32_t) noexcept {
-  return fail(ENOTSUP, "qp_attach_comp_cntr: device '%.*s' has no native counters",
-              static_cast<int>(name().size()), name().data());
-}
-
 }  // namespace detail
 
 // ---- compcntr::qp ----
@@ -181,7 +157,7 @@ void qp::connect(qp& peer, std::error_code& ec) noexcept {
   assign(ec, q_->connect(*peer.q_));
 }
 
-void qp::attach(const counter& c, const attach_options& opts, std::error_code& ec) noexcept {
+void qp::attach(counter_view c, const attach_options& opts, std::error_code& ec) noexcept {
   if (empty_qp(q_, "qp_attach_comp_cntr", ec)) return;
   if (!c) {
     detail::fail_into(ec, EINVAL, "qp_attach_comp_cntr: counter is empty");
@@ -223,7 +199,13 @@ void qp::destroy(std::error_code& ec) noexcept {
 // ---- device: QPs and memory regions ----
 
 qp device::create_qp(std::error_code& ec) noexcept {
-  detail::qp_impl* q = core_->be().create_qp(*core_, ec);
+  detail::qp_capability* cap = core_->be().qps();
+  if (cap == nullptr) {
+    detail::fail_into(ec, ENOTSUP, "create_qp: device '%.*s' has no software QPs; wrap your own "
+                      "ibv_qp (wrap_verbs_qp)", static_cast<int>(name().size()), name().data());
+    return {};
+  }
+  detail::qp_impl* q = cap->create_qp(*core_, ec);
   if (!q) return {};
   ec.clear();
   return qp(q);
@@ -231,7 +213,13 @@ qp device::create_qp(std::error_code& ec) noexcept {
 
 memory_region device::reg_mr(void* addr, std::size_t length, std::uint32_t access,
                              std::error_code& ec) noexcept {
-  detail::mr_impl* m = core_->be().reg_mr(*core_, addr, length, access, ec);
+  detail::qp_capability* cap = core_->be().qps();
+  if (cap == nullptr) {
+    detail::fail_into(ec, ENOTSUP, "reg_mr: device '%.*s' has no software memory registration; "
+                      "use ibv_reg_mr", static_cast<int>(name().size()), name().data());
+    return {};
+  }
+  detail::mr_impl* m = cap->reg_mr(*core_, addr, length, access, ec);
   if (!m) return {};
   ec.clear();
   return memory_region(m);

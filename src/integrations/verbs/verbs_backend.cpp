@@ -114,7 +114,8 @@ class mirror_source final : public progress_source {
   }
 };
 
-class verbs_backend final : public backend {
+class verbs_backend final : public backend, public native_attach_capability,
+                            public command_capability {
  public:
   /// `devx`: ctx was opened with mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX).
   verbs_backend(ibv_context* ctx, std::string name, bool devx) noexcept
@@ -131,7 +132,17 @@ class verbs_backend final : public backend {
   ~verbs_backend() override { ibv_close_device(ctx_); }
   std::string_view name() const noexcept override { return name_; }
   counter_caps caps() const noexcept override { return caps_; }
-  void* native_context() const noexcept override { return native_ ? ctx_ : nullptr; }
+  /// Native attach only with native counters; asynchronous commands of its own only on mlx5
+  /// with DEVX (src/integrations/verbs/mlx5_devx.cpp): every other device gets the software
+  /// command engine of compcntr:cmd_comp.
+  native_attach_capability* native_attach() noexcept override { return native_ ? this : nullptr; }
+  command_capability* commands() noexcept override {
+#if COMPCNTR_HAVE_MLX5_DEVX
+    if (devx_) return this;
+#endif
+    return nullptr;
+  }
+  void* native_context() const noexcept override { return ctx_; }
 
   std::error_code bind_counter(slot& s) noexcept override {
     if (!native_) return {};  // emulation: the slot is the counter
@@ -183,7 +194,7 @@ class verbs_backend final : public backend {
     s.hw = nullptr;
   }
 
-  std::error_code native_attach(void* vqp, slot& s, std::uint32_t op_mask) noexcept override {
+  std::error_code attach(void* vqp, slot& s, std::uint32_t op_mask) noexcept override {
     if (!s.backend_data)
       return fail(EINVAL, "qp_attach_comp_cntr: counter %u is not a native counter of '%s'",
                   s.index, name_.c_str());
@@ -194,13 +205,15 @@ class verbs_backend final : public backend {
     return {};
   }
 
-  /// mlx5 devices with DEVX answer asynchronous commands through mlx5dv_devx_* (see
-  /// src/integrations/verbs/mlx5_devx.cpp); every other device through the software command engine.
+  /// Only reached through commands(), i.e. on mlx5 with DEVX.
   cmd_comp_core* create_cmd_comp(device_core& dev, std::error_code& ec) noexcept override {
 #if COMPCNTR_HAVE_MLX5_DEVX
-    if (devx_) return make_mlx5_devx_cmd_comp(dev, ctx_, ec);
+    return make_mlx5_devx_cmd_comp(dev, ctx_, ec);
+#else
+    (void)dev;
+    fail_into(ec, ENOTSUP, "create_cmd_comp: built without mlx5 DEVX");
+    return nullptr;
 #endif
-    return backend::create_cmd_comp(dev, ec);
   }
  private:
   ibv_context* ctx_;

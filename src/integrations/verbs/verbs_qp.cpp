@@ -174,7 +174,7 @@ class verbs_qp final : public qp_impl {
 
   std::error_code attach_hook(slot& s, std::uint32_t op_mask) noexcept override {
     if (!native_) return {};
-    return device().be().native_attach(q_, s, op_mask);
+    return device().be().native_attach()->attach(q_, s, op_mask);
   }
 
   void shutdown() noexcept override {
@@ -296,8 +296,8 @@ qp_impl* wrap_verbs_qp(device_core& dev, ibv_qp* vqp, const verbs_qp_options& op
   if (opts.comp_mask != 0)
     return fail_into(ec, EINVAL, "wrap_verbs_qp: comp_mask must be 0 (got 0x%x)", opts.comp_mask),
            nullptr;
-  if (void* ctx = dev.be().native_context()) {
-    if (vqp->context != ctx)
+  if (native_attach_capability* native = dev.be().native_attach()) {
+    if (vqp->context != native->native_context())
       return fail_into(ec, EINVAL, "wrap_verbs_qp: ibv_qp %u belongs to another device context",
                        vqp->qp_num),
              nullptr;
