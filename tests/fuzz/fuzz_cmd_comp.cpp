@@ -73,10 +73,10 @@ void set_nonblock(int fd, bool on) {
 }
 
 bool readable(int fd, int ms) {
-  pollfd p{fd, POLLIN, 0};
-  const int r = poll(&p, 1, ms);
+  short revents = 0;
+  const int r = fuzz::poll_in(fd, ms, &revents);
   FUZZ_TRUE(r >= 0, "poll on the cmd_comp fd");
-  return r == 1 && (p.revents & POLLIN);
+  return r == 1 && (revents & POLLIN);
 }
 
 // The response just collected: the oldest outstanding query's wr_id, a value its counter held

@@ -15,7 +15,10 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <poll.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdint>
@@ -134,6 +137,20 @@ template <class Enum>
 void set_raw(Enum& field, std::uint32_t bits) {
   static_assert(sizeof(Enum) == sizeof bits);
   std::memcpy(&field, &bits, sizeof bits);
+}
+
+/// poll(2) on one fd for POLLIN, retrying on EINTR (libFuzzer's -timeout arms a periodic
+/// SIGALRM) with what is left of `ms`. Returns poll's result; revents in *revents.
+inline int poll_in(int fd, int ms, short* revents = nullptr) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, ms);
+    if (revents) *revents = p.revents;
+    if (r >= 0 || errno != EINTR) return r;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    ms = left.count() > 0 ? static_cast<int>(left.count()) : 0;
+  }
 }
 
 /// A software device opened once per process and shared by every input (opening one loads the

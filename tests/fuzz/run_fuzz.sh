@@ -11,9 +11,10 @@ mkdir -p "$work"
 name=$(basename "$fuzzer")
 log="$work.log"
 # -rss_limit_mb: well above a harness's need (< 200 MB), below what would hurt the machine.
-# -timeout: no input may run for more than 25 s (the harnesses never block).
+# -timeout: no input may run for more than 25 s (the harnesses never block). -max_len: inputs of
+# at most 1 KiB (100-300 calls) keep the committed corpus small.
 "$fuzzer" "$work" "$seeds" -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=1536 \
-  -timeout=25 -artifact_prefix="$work/" -close_fd_mask=0 "$@" >"$log" 2>&1
+  -timeout=25 -max_len=1024 -artifact_prefix="$work/" -close_fd_mask=0 "$@" >"$log" 2>&1
 rc=$?
 last=$(grep -E '^#[0-9]+' "$log" | tail -n 1)
 runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
