@@ -13,7 +13,8 @@
 //     device, wait (wait, poll_any, pollable fds);
 //   features (modules/features/): mr (registered memory), qp (queue pairs, attach), cmd_comp
 //     (asynchronous command completion), refresher (mirrors of device-held counters), credits
-//     (per-peer credit tracking for MPI runtimes).
+//     (per-peer credit tracking for MPI runtimes), tracker (issued vs completed one-sided
+//     operations: quiet).
 module;
 #include <string_view>
 export module compcntr;
@@ -34,6 +35,7 @@ export import :qp;
 export import :cmd_comp;
 export import :refresher;
 export import :credits;
+export import :tracker;
 
 export namespace compcntr {
 

@@ -102,5 +102,6 @@ int compcntr_comp_cntr_get_type(struct compcntr_comp_cntr *cc, enum compcntr_com
 #include <compcntr/wait.h>
 #include <compcntr/cmd_comp.h>
 #include <compcntr/credits.h>
+#include <compcntr/tracker.h>
 
 #endif /* COMPCNTR_COMPCNTR_H */

@@ -48,7 +48,8 @@ std::error_code destroy_counter_slot(slot& s) noexcept {
   if (!s.refs.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
                                       std::memory_order_acquire))
     return fail(EBUSY, "destroy_comp_cntr: counter %u is still attached to a QP or held by a "
-                "counter_ref or a credit tracker (%u reference(s) besides its owner's)", s.index,
+                "counter_ref, a credit tracker or a completion tracker (%u reference(s) besides its "
+                "owner's)", s.index,
                 expected - 1);
   // refs stays 0 from here on: an attach or a resolve() that looks now sees 0 and is refused.
   // (Storing 1 back and dropping it with unref_counter_slot would reopen a window in which an
