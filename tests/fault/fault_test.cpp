@@ -5,6 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <compcntr/compcntr.h>
+#if __has_include(<compcntr/tracker.h>)
+#include <compcntr/tracker.h>
+#define COMPCNTR_FAULT_TRACKER 1
+#endif
 #if COMPCNTR_FAULT_FABRIC
 #include <compcntr/fabric.h>
 #include <rdma/fabric.h>
@@ -424,6 +428,50 @@ void family_credits() {
   close_clean(d);
 }
 
+// ---- completion tracker ----
+
+#if COMPCNTR_FAULT_TRACKER
+void family_tracker() {
+  compcntr_device* d = open_soft();
+  compcntr_comp_cntr* c = counter(d);
+  compcntr_inc_comp_cntr(c, 3);
+  fault::sweep("tracker_create", fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+    fault::arm(m, k, kinds);
+    compcntr_tracker* t = compcntr_tracker_create(c);
+    const int e = errno;
+    const long pts = fault::disarm();
+    const bool refused = t == nullptr;
+    if (!t) {
+      FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+      // Nothing changed: the counter is not held (nor its values moved) ...
+      compcntr_comp_cntr* probe = counter(d);
+      FCHECK(compcntr_destroy_comp_cntr(probe) == 0, "destroy");
+      FCHECK(value(c) == 3, "the counter is untouched");
+      t = compcntr_tracker_create(c);  // ... and a tracker can be made once the fault is gone
+      FCHECK(t != nullptr, "tracker_create once the fault is gone: %s", compcntr_last_error_message());
+    }
+    if (t) {
+      FCHECK(compcntr_destroy_comp_cntr(c) == EBUSY, "the tracker holds its counter");
+      FCHECK(compcntr_tracker_issue(t, 2) == 0 && compcntr_tracker_quiet(t, 0) == ETIMEDOUT, "issue, quiet");
+      FCHECK(compcntr_tracker_destroy(t) == 0, "destroy");
+    }
+    return {pts, refused};
+  });
+  compcntr_tracker* t = compcntr_tracker_create(c);
+  fault::no_points("tracker issue/issued/completed/quiet", [&] {
+    compcntr_tracker_issue(t, 1);
+    compcntr_tracker_issued(t);
+    compcntr_tracker_completed(t);
+    compcntr_inc_comp_cntr(c, 1);
+    FCHECK(compcntr_tracker_quiet(t, 0) == 0, "quiet");
+    FCHECK(compcntr_tracker_quiet(t, 2) == 0, "quiet with a timeout");
+  });
+  FCHECK(compcntr_tracker_destroy(t) == 0, "destroy");
+  FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy the counter after its tracker");
+  close_clean(d);
+}
+#endif
+
 // ---- QPs and MRs ----
 
 struct pair {
@@ -716,6 +764,9 @@ TEST_CASE("fault: counters and arena growth") { check_family("counters", family_
 TEST_CASE("fault: pollable fds and polls") { check_family("fds", family_fds); }
 TEST_CASE("fault: cmd_comp") { check_family("cmd_comp", family_cmd_comp); }
 TEST_CASE("fault: credits") { check_family("credits", family_credits); }
+#if COMPCNTR_FAULT_TRACKER
+TEST_CASE("fault: completion tracker") { check_family("tracker", family_tracker); }
+#endif
 TEST_CASE("fault: QPs and MRs") { check_family("qp", family_qp); }
 TEST_CASE("fault: low RLIMIT_NOFILE") { check_family("rlimit", family_rlimit); }
 #if COMPCNTR_FAULT_FABRIC

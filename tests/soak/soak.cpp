@@ -20,12 +20,21 @@
 //   churn         creates and destroys counters (some with fds): new counters start at 0/0.
 //   cmd_comp      batches of async queries of inc counters: every wr_id answered once, in order,
 //                 each answer between the values read before the issue and after the collection.
+//   tracker       an issuer, a completer (1 in 16 batches with an error) and a quieter: quiet
+//                 never succeeds before everything issued before it is accounted for, EIO only
+//                 after an error growth (when <compcntr/tracker.h> exists).
 //   QP + credits  a sender (credit-controlled: at most 8 sends in flight, the credit counter is
 //                 attached to its QP's SEND op) and a receiver on a loopback QP pair, plus RDMA
 //                 writes: every byte checked, exact counts at the end.
 //   main          every second: open fds (bounded while running, exactly the starting number at
 //                 the end) and RSS (bounded growth in uninstrumented builds).
 #include <compcntr/compcntr.h>
+#if __has_include(<compcntr/tracker.h>)
+#include <compcntr/tracker.h>
+#define SOAK_TRACKER 1
+#else
+#define SOAK_TRACKER 0
+#endif
 
 #include <fcntl.h>
 #include <poll.h>
@@ -101,6 +110,7 @@ invariant st_churn{"new counters starting at 0/0"};
 invariant st_query{"query answers in order and in range"};
 invariant st_qp{"messages received byte-exact, within the credit window"};
 invariant st_fds{"open fds bounded (samples)"};
+invariant st_quiet{"tracker quiets never early, EIO only after errors"};
 
 constexpr int n_inc = 256, n_set = 32, n_fd = 8;
 
@@ -515,6 +525,74 @@ void finish_qps() {
   for (auto* c : {s.recv_wrs, s.rdma_src_bytes, s.rdma_dst_bytes}) REQ(compcntr_destroy_comp_cntr(c) == 0, "destroy");
 }
 
+#if SOAK_TRACKER
+// ---- completion tracker: an issuer, a completer, a quieter ----
+
+compcntr_comp_cntr* track_c;
+compcntr_tracker* track_t;
+std::atomic<std::uint64_t> to_complete{0};
+std::atomic<bool> issuer_done{false};
+
+void track_issuer(unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::uint64_t ops = 0;
+  while (!stop.load(std::memory_order_relaxed)) {
+    const std::uint64_t n = 1 + rng() % 8;
+    REQ(compcntr_tracker_issue(track_t, n) == 0, "tracker_issue");
+    to_complete.fetch_add(n, std::memory_order_release);
+    ++ops;
+    if (ops % 64 == 0) std::this_thread::yield();
+  }
+  issuer_done.store(true, std::memory_order_release);
+  st_ops.checks += ops;
+}
+
+void track_completer(unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::uint64_t ops = 0;
+  for (;;) {
+    const std::uint64_t x = to_complete.exchange(0, std::memory_order_acquire);
+    if (x == 0) {
+      if (issuer_done.load(std::memory_order_acquire) && to_complete.load() == 0) break;
+      std::this_thread::yield();
+      continue;
+    }
+    if (rng() % 16 == 0) {  // one of them failed
+      REQ(compcntr_inc_err_comp_cntr(track_c, 1) == 0, "inc_err");
+      if (x > 1) REQ(compcntr_inc_comp_cntr(track_c, x - 1) == 0, "inc");
+    } else {
+      REQ(compcntr_inc_comp_cntr(track_c, x) == 0, "inc");
+    }
+    ops += 2;
+  }
+  st_ops.checks += ops;
+}
+
+void track_quieter() {
+  std::uint64_t n = 0, err_seen = 0;
+  while (!stop.load(std::memory_order_relaxed)) {
+    const std::uint64_t target = compcntr_tracker_issued(track_t);
+    const int r = compcntr_tracker_quiet(track_t, 200);
+    if (r == 0 || r == EIO) {
+      const std::uint64_t done = compcntr_tracker_completed(track_t);
+      REQ(done - target < (std::uint64_t{1} << 62), "quiet returned %d with %" PRIu64 " of %" PRIu64 " done",
+          r, done, target);
+      std::uint64_t e = 0;
+      compcntr_read_err_comp_cntr(track_c, &e);
+      if (r == EIO) {
+        REQ(e != err_seen, "quiet EIO without an error growth");
+        err_seen = e;
+      }
+    } else {
+      REQ(r == ETIMEDOUT, "tracker_quiet = %d", r);
+    }
+    ++n;
+    std::this_thread::yield();  // let the issuer and completer make progress between quiets
+  }
+  st_quiet.checks += n;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -553,6 +631,17 @@ int main(int argc, char** argv) {
   th.emplace_back(querier, 6u);
   th.emplace_back(qp_sender);
   th.emplace_back(qp_receiver);
+#if SOAK_TRACKER
+  track_c = make_counter();
+  track_t = compcntr_tracker_create(track_c);
+  if (!track_t) {
+    std::fprintf(stderr, "soak: tracker_create: %s\n", compcntr_last_error_message());
+    return 1;
+  }
+  th.emplace_back(track_issuer, 7u);
+  th.emplace_back(track_completer, 8u);
+  th.emplace_back(track_quieter);
+#endif
   const int nthreads = static_cast<int>(th.size());
 
   // Fds while running: the device's (engine eventfd), 8 watched counters, up to 64 churned
@@ -592,6 +681,12 @@ int main(int argc, char** argv) {
     ++st_lost.checks;
   }
   finish_qps();
+#if SOAK_TRACKER
+  REQ(compcntr_tracker_quiet(track_t, 0) == 0 || compcntr_tracker_quiet(track_t, 0) == 0,
+      "everything issued is accounted for at the end");
+  REQ(compcntr_destroy_comp_cntr(track_c) == EBUSY, "the tracker holds its counter");
+  REQ(compcntr_tracker_destroy(track_t) == 0 && compcntr_destroy_comp_cntr(track_c) == 0, "tracker teardown");
+#endif
   for (auto* c : inc_c) REQ(compcntr_destroy_comp_cntr(c) == 0, "destroy");
   for (auto* c : set_c) REQ(compcntr_destroy_comp_cntr(c) == 0, "destroy");
   REQ(compcntr_close_device(dev) == 0, "close_device: %s", compcntr_last_error_message());
@@ -603,11 +698,11 @@ int main(int argc, char** argv) {
   if (!SOAK_INSTRUMENTED) REQ(growth < 32 * 1024, "RSS grew by %ld KiB after the warm-up", growth);
 
   std::uint64_t ops = st_ops.checks.load();
-  for (invariant* s : {&st_mono, &st_seq, &st_wait, &st_poll, &st_fd, &st_churn, &st_query, &st_qp}) ops += s->checks.load();
+  for (invariant* s : {&st_mono, &st_seq, &st_wait, &st_poll, &st_fd, &st_churn, &st_query, &st_qp, &st_quiet}) ops += s->checks.load();
   std::printf("soak: %.1f s, %d threads, %d counters (+ churn): %" PRIu64 " operations (%.0f ops/s), %" PRIu64 " failures\n",
               elapsed, nthreads, n_inc + n_set + n_fd, ops, ops / elapsed, failures.load());
   std::printf("soak: invariants checked:\n");
-  for (invariant* s : {&st_lost, &st_mono, &st_seq, &st_wait, &st_poll, &st_fd, &st_churn, &st_query, &st_qp, &st_fds})
+  for (invariant* s : {&st_lost, &st_mono, &st_seq, &st_wait, &st_poll, &st_fd, &st_churn, &st_query, &st_qp, &st_quiet, &st_fds})
     std::printf("  %-58s %" PRIu64 "\n", s->name, s->checks.load());
   std::printf("soak: fds %d at start, at most %d while running, %d at the end; RSS %ld KiB after warm-up, "
               "%ld KiB max, %ld KiB at the end%s\n",
