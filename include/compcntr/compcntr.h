@@ -27,7 +27,8 @@ const char *compcntr_version(void);
 struct compcntr_device; /* opaque */
 
 /* NULL or "auto": a native RDMA device if one works, else "soft"; "soft": the software device;
- * else a verbs device name (ENODEV if absent). */
+ * else a verbs device name (ENODEV if absent; "" names no device: ENODEV). EINVAL if
+ * COMPCNTR_MAX_COUNTERS is set but is not a decimal count in 1..4294963200. */
 struct compcntr_device *compcntr_open_device(const char *name);
 /* EBUSY while objects of the device live (nothing changes then). */
 int compcntr_close_device(struct compcntr_device *dev);
@@ -87,8 +88,14 @@ int compcntr_query_comp_cntr_caps(struct compcntr_device *dev, struct compcntr_c
  * ENOTSUP (type not supported by the device), ENOMEM (max_counters reached). */
 struct compcntr_comp_cntr *compcntr_create_comp_cntr(struct compcntr_device *dev,
                                                      struct compcntr_comp_cntr_init_attr *attr);
-/* EBUSY while attached to a live QP (the counter stays usable). */
+/* EBUSY while attached to a live QP or owned (compcntr_comp_cntr_set_owner); the counter
+ * stays usable. */
 int compcntr_destroy_comp_cntr(struct compcntr_comp_cntr *cc);
+/* Marks cc as owned by another object that will destroy it (the libfabric fid_cntr that
+ * compcntr_fi_cntr_open made around it does): meanwhile compcntr_destroy_comp_cntr(cc) is
+ * EBUSY with a message naming `owner` (a string that outlives the ownership, e.g. a literal).
+ * owner NULL ends the ownership. EINVAL for a NULL cc; EBUSY if already owned (nothing changes). */
+int compcntr_comp_cntr_set_owner(struct compcntr_comp_cntr *cc, const char *owner);
 int compcntr_set_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t value);
 int compcntr_set_err_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t value);
 int compcntr_inc_comp_cntr(struct compcntr_comp_cntr *cc, uint64_t amount);

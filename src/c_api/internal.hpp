@@ -3,6 +3,7 @@
 #ifndef COMPCNTR_SRC_C_API_INTERNAL_HPP
 #define COMPCNTR_SRC_C_API_INTERNAL_HPP
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -32,14 +33,18 @@ namespace compcntr::c_api {
 struct c_counter {
   compcntr_device* context;
   std::uint32_t handle;
-  std::uint32_t reserved;
+  /// The public struct's reserved_ word: the code of the object that owns the counter
+  /// (compcntr_comp_cntr_set_owner: a libfabric adapter fid_cntr), 0 when none. While set,
+  /// destroy is EBUSY and names the owner (owner_name()). The inline fast paths never read it.
+  std::atomic<std::uint32_t> owner{0};
   compcntr::counter cxx;
 };
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
 static_assert(std::is_standard_layout_v<c_counter> && std::is_standard_layout_v<compcntr::counter>);
 static_assert(sizeof(c_counter) == sizeof(compcntr_comp_cntr) &&
               offsetof(c_counter, context) == offsetof(compcntr_comp_cntr, context) &&
               offsetof(c_counter, handle) == offsetof(compcntr_comp_cntr, handle) &&
-              offsetof(c_counter, reserved) == offsetof(compcntr_comp_cntr, reserved_) &&
+              offsetof(c_counter, owner) == offsetof(compcntr_comp_cntr, reserved_) &&
               offsetof(c_counter, cxx) == offsetof(compcntr_comp_cntr, slot_) &&
               sizeof(compcntr::counter) == sizeof(compcntr_comp_cntr::slot_),
               "c_counter must have the layout of struct compcntr_comp_cntr");

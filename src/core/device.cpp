@@ -72,6 +72,15 @@ device device::from_backend(std::unique_ptr<detail::backend> be, std::error_code
     detail::fail_into(ec, ENOMEM, "open_device: out of memory");
     return {};
   }
+  // The pool's tables are allocated in its constructor; without them its capacity is 0 and
+  // every create would be ENOMEM ("0 counters live") for good (issue 15, defect 2): the open
+  // fails instead. max_counters >= 1 here, so capacity 0 means exactly that failure.
+  if (core->pool().capacity() == 0) {
+    std::error_code ignored = core->close();  // refs 1 -> 0: frees it
+    (void)ignored;
+    detail::fail_into(ec, ENOMEM, "open_device: out of memory for the counter pool's tables");
+    return {};
+  }
   ec.clear();
   return device(core);
 }
