@@ -641,10 +641,11 @@ void write_stats() noexcept {
   const int n = std::snprintf(
       line, sizeof line,
       "compcntr-hook pid=%d fabrics=%" PRIu64 " domains=%" PRIu64 " cntr_open=%" PRIu64
-      " cntr_bound=%" PRIu64 " cntr_reads=%" PRIu64 " cntr_readerrs=%" PRIu64 " cntr_waits=%" PRIu64
+      " cntr_served=%" PRIu64 " cntr_bound=%" PRIu64 " cntr_reads=%" PRIu64 " cntr_readerrs=%" PRIu64 " cntr_waits=%" PRIu64
       " cntr_closed=%" PRIu64 " cntr_open_refused=%" PRIu64 " trywaits=%" PRIu64
       " triggers_translated=%" PRIu64 " work_translated=%" PRIu64 " progress_thread=%d providers=%s\n",
       static_cast<int>(getpid()), g_stats.fabrics.load(), g_stats.domains.load(), g_stats.cntr_open.load(),
+      g_stats.cntr_served.load(),
       g_stats.cntr_bound.load(), reads, readerrs, waits, g_stats.cntr_closed.load(),
       g_stats.cntr_open_refused.load(), g_stats.trywaits.load(), g_stats.triggers_translated.load(),
       g_stats.work_translated.load(), g_cfg.progress_thread ? 1 : 0, provs.c_str());

@@ -56,7 +56,7 @@ const config& cfg() noexcept;
 /// Process-wide statistics (the COMPCNTR_FI_HOOK_STATS line). Relaxed RMWs, off the hot paths;
 /// per-read counts live in each counter and are summed when it closes.
 struct statistics {
-  std::atomic<std::uint64_t> fabrics{0}, domains{0}, cntr_open{0}, cntr_open_refused{0},
+  std::atomic<std::uint64_t> fabrics{0}, domains{0}, cntr_open{0}, cntr_served{0}, cntr_open_refused{0},
       cntr_bound{0}, cntr_closed{0}, reads{0}, readerrs{0}, waits{0}, trywaits{0},
       triggers_translated{0}, work_translated{0}, fd_waits{0};
 };

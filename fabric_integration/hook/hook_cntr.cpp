@@ -20,9 +20,14 @@
 #include <rdma/fi_errno.h>
 #include <rdma/providers/fi_log.h>
 
+#include <poll.h>
 #include <sched.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -44,6 +49,15 @@ struct hook_cntr {
   bool sockets = false;            // sockets semantics for -FI_EAVAIL (see cntr_wait)
   bool thread = false;             // the progress thread drives this counter
   int fd = -1;                     // FI_WAIT_FD: the fd FI_GETWAIT hands out
+  // The provider side of blocking (FI_WAIT_FD and FI_WAIT_UNSPEC counters, where the provider
+  // lets its counter join an FI_WAIT_FD wait set): the hidden counter is opened on `waitset`,
+  // whose fd the provider makes readable when it has work for the counter's endpoints (rxm: the
+  // tcp CQ and EQ fds; rxd: the udp CQ fd; sockets: a signal on every update). `epfd` is an
+  // epoll set of that fd and cc's eventfd: readable when either side has news. For FI_WAIT_FD
+  // counters it is the fd FI_GETWAIT hands out.
+  fid_wait* waitset = nullptr;
+  int epfd = -1;
+  fid_fabric* fabric = nullptr;    // the hooked fabric (fi_trywait on waitset)
   std::atomic<std::uint64_t> err_at_readerr{0};    // sockets: error value at the last readerr
   std::atomic<std::uint64_t> seen_v{0}, seen_e{0};  // fi_trywait's last values
   // Statistics: relaxed load+store (not an RMW: no locked instruction on the read path; under
@@ -198,11 +212,74 @@ bool err_since_readerr(hook_cntr* h) noexcept {
 // checks (caller progress) and sleeps in compcntr's futex at most 1 ms at a time after a spin of
 // COMPCNTR_FI_WAIT_SPIN_US (100 us), never in 50 ms quanta; with the progress thread it sleeps
 // until the thread's update wakes it. FI_WAIT_YIELD yields between checks and never sleeps.
+// Arms both sides of epfd: cc's eventfd (armed: the next update makes it readable) and the
+// provider's wait set (fi_trywait resets it; sockets' wait set keeps one byte per signal until
+// fi_wait reads it, so it is drained first). -FI_EAGAIN: the provider has work pending now.
+int arm(hook_cntr* h) noexcept {
+  if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
+  if (h->waitset == nullptr) return 0;
+  if (h->sockets)
+    for (int i = 0; i < 4096 && fi_wait(h->waitset, 0) == 0; ++i) {
+    }
+  fid* w = &h->waitset->fid;
+  return fi_trywait(h->fabric, &w, 1);
+}
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// fi_cntr_wait of a counter with a provider wait set, caller progress: spin (driving progress)
+// for COMPCNTR_FI_WAIT_SPIN_US, then sleep in poll(2) on epfd, armed on both sides, so that the
+// provider's own fds (a socket with data, a connection request) or an update of cc wake the
+// waiter at once. Sleeps are capped at 10 ms (a safety net for provider work no fd reports);
+// libfabric's util wait instead sleeps in 50 ms quanta.
+int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto deadline = start + std::chrono::milliseconds(timeout < 0 ? 0 : timeout);
+  const std::uint64_t err0 = errors_of(h);
+  auto test = [&]() noexcept -> int {
+    if (value_of(h) >= threshold) return 0;
+    if (errors_of(h) != err0) return -FI_EAVAIL;
+    return 1;
+  };
+  const auto spin_end = start + std::chrono::nanoseconds(cfg().wait_spin_ns);
+  for (;;) {
+    progress_both(h);
+    if (const int r = test(); r <= 0) return r;
+    const auto now = clock::now();
+    if (timeout >= 0 && now >= deadline) return -FI_ETIMEDOUT;
+    if (now < spin_end) {
+      cpu_relax();
+      continue;
+    }
+    if (arm(h) == -FI_EAGAIN) continue;  // work pending: progress again, no sleep
+    if (const int r = test(); r <= 0) return r;
+    std::int64_t ms = 10;
+    if (timeout >= 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
+      if (left < ms) ms = left;
+    }
+    pollfd p{h->epfd, POLLIN, 0};
+    ::poll(&p, 1, static_cast<int>(ms));
+  }
+}
+
 int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
   hook_cntr* h = of(c);
   bump(h->waits);
   if (h->wait_rc != 0) return h->wait_rc;
   if (h->sockets && err_since_readerr(h)) return -FI_EAVAIL;
+  if (h->epfd >= 0 && !h->thread && h->hidden != nullptr && h->wait_obj != FI_WAIT_YIELD) {
+    const int r = wait_on_fds(h, threshold, timeout);
+    if (r == 0 && h->sockets && err_since_readerr(h)) return -FI_EAVAIL;
+    return r;
+  }
   compcntr_wait_attr wa{};
   const bool drive = !h->thread && h->hidden != nullptr;
   if (h->wait_obj == FI_WAIT_YIELD) {
@@ -257,6 +334,14 @@ int cntr_close(fid* f) {
     }
     h->hidden = nullptr;
   }
+  if (h->waitset) {
+    fi_close(&h->waitset->fid);  // after the hidden counter that was on it
+    h->waitset = nullptr;
+  }
+  if (h->epfd >= 0) {
+    ::close(h->epfd);
+    h->epfd = -1;
+  }
   if (const int err = compcntr_destroy_comp_cntr(h->cc)) {
     FI_WARN(&self(), FI_LOG_CNTR, "fi_close: the compcntr counter cannot be destroyed: %s\n",
             compcntr_last_error_message());
@@ -278,7 +363,7 @@ int cntr_control(fid* f, int command, void* arg) {
   hook_cntr* h = of(f);
   if (command == FI_GETWAIT && h->wait_obj == FI_WAIT_FD && h->fd >= 0) {
     if (arg == nullptr) return -FI_EINVAL;
-    *static_cast<int*>(arg) = h->fd;
+    *static_cast<int*>(arg) = h->epfd >= 0 ? h->epfd : h->fd;
     return 0;
   }
   if (!h->hidden) return -FI_ENOSYS;
@@ -331,6 +416,7 @@ void note_bound(hook_cntr*) noexcept { stats().cntr_bound.fetch_add(1, std::memo
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept {
   static const int registered = compcntr_fi_register_cntr_class(&cntr_fid_ops, class_get);
   (void)registered;
+  stats().cntr_open.fetch_add(1, std::memory_order_relaxed);  // every call, as PLAN.md fixes
   domain_state* ds = find_domain(domain);
   if (ds == nullptr || ds->orig == nullptr) return -FI_EINVAL;  // not a hooked domain (cannot happen)
   if (cntr == nullptr) return -FI_EINVAL;
@@ -339,6 +425,13 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   a.wait_obj = FI_WAIT_NONE;
   if (attr != nullptr) a = *attr;  // fi_cntr(3) defaults for NULL (libfabric itself would crash)
 
+  // FI_WAIT_SET without a wait set: libfabric's util counters answer -FI_EINVAL, the sockets
+  // provider (1.17) dereferences the NULL pointer and crashes; the hook answers -FI_EINVAL for
+  // every provider.
+  if (raw_wait(a) == FI_WAIT_SET && a.wait_set == nullptr) {
+    stats().cntr_open_refused.fetch_add(1, std::memory_order_relaxed);
+    return -FI_EINVAL;
+  }
   // The provider validates the attributes and answers exactly as without the hook.
   fid_cntr* hidden = nullptr;
   int r = ds->orig->cntr_open(domain, &a, &hidden, context);
@@ -346,7 +439,46 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
     stats().cntr_open_refused.fetch_add(1, std::memory_order_relaxed);
     return r;
   }
+  // FI_WAIT_FD / FI_WAIT_UNSPEC: reopen the provider's counter on a wait set of ours, whose fd
+  // the provider signals (see hook_cntr's waitset). Where the provider refuses, the counter
+  // opened above stays (then FI_GETWAIT gives cc's eventfd, which only the hook's own updates
+  // signal, and waits poll the provider in 1 ms slices).
+  fid_wait* waitset = nullptr;
+  int wait_fd = -1;
+  if ((raw_wait(a) == FI_WAIT_FD || raw_wait(a) == FI_WAIT_UNSPEC) && ds->fabric && ds->fabric->fabric) {
+    fi_wait_attr wa{};
+    wa.wait_obj = FI_WAIT_FD;
+    if (fi_wait_open(ds->fabric->fabric, &wa, &waitset) == 0) {
+      fi_cntr_attr on_set = a;
+      on_set.wait_obj = FI_WAIT_SET;
+      on_set.wait_set = waitset;
+      fid_cntr* h2 = nullptr;
+      if (fi_control(&waitset->fid, FI_GETWAIT, &wait_fd) == 0 && wait_fd >= 0 &&
+          ds->orig->cntr_open(domain, &on_set, &h2, context) == 0) {
+        fi_close(&hidden->fid);
+        hidden = h2;
+      } else {
+        fi_close(&waitset->fid);
+        waitset = nullptr;
+        wait_fd = -1;
+      }
+    } else {
+      waitset = nullptr;
+    }
+  }
+  auto drop_waitset = [&] {
+    if (waitset) fi_close(&waitset->fid);
+  };
   auto unhooked = [&](const char* why) {
+    if (waitset) {  // the application gets the provider's counter: give it one without our set
+      fid_cntr* plain = nullptr;
+      fi_close(&hidden->fid);
+      drop_waitset();
+      waitset = nullptr;
+      const int r2 = ds->orig->cntr_open(domain, &a, &plain, context);
+      if (r2 != 0) return r2;
+      hidden = plain;
+    }
     // Without compcntr the application still gets a working counter: the provider's own.
     FI_WARN(&self(), FI_LOG_CNTR, "fi_cntr_open: %s: %s; returning the provider's counter\n", why,
             compcntr_last_error_message());
@@ -359,18 +491,36 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   ia.type = COMPCNTR_COMP_CNTR_TYPE_WRS;
   compcntr_comp_cntr* cc = compcntr_create_comp_cntr(dev, &ia);
   if (cc == nullptr) return unhooked("compcntr_create_comp_cntr failed");
-  int fd = -1;
-  if (raw_wait(a) == FI_WAIT_FD && compcntr_comp_cntr_get_fd(cc, &fd) != 0) {
-    compcntr_destroy_comp_cntr(cc);
-    fi_close(&hidden->fid);
-    return -FI_EMFILE;
+  int fd = -1, epfd = -1;
+  if (raw_wait(a) == FI_WAIT_FD || waitset != nullptr) {
+    bool ok = compcntr_comp_cntr_get_fd(cc, &fd) == 0;
+    if (ok && waitset != nullptr) {
+      epfd = ::epoll_create1(EPOLL_CLOEXEC);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ok = epfd >= 0 && ::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0 &&
+           ::epoll_ctl(epfd, EPOLL_CTL_ADD, wait_fd, &ev) == 0;
+    }
+    if (!ok) {
+      const int err = errno;
+      if (epfd >= 0) ::close(epfd);
+      compcntr_destroy_comp_cntr(cc);
+      fi_close(&hidden->fid);
+      drop_waitset();
+      stats().cntr_open_refused.fetch_add(1, std::memory_order_relaxed);
+      return err != 0 ? -err : -FI_EMFILE;  // FI_E* values are the errno values
+    }
   }
   auto* h = new (std::nothrow) hook_cntr;
   if (h == nullptr) {
+    if (epfd >= 0) ::close(epfd);
     compcntr_destroy_comp_cntr(cc);
     return unhooked("out of memory");
   }
   h->hidden = hidden;
+  h->waitset = waitset;
+  h->epfd = epfd;
+  h->fabric = ds->fabric ? ds->fabric->fabric : nullptr;
   h->cc = cc;
   h->wait_obj = raw_wait(a);
   h->fd = fd;
@@ -386,23 +536,28 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   h->cntr.fid.ops = &cntr_fid_ops;
   h->cntr.ops = &cntr_ops;
   live_add(h);
-  stats().cntr_open.fetch_add(1, std::memory_order_relaxed);
+  stats().cntr_served.fetch_add(1, std::memory_order_relaxed);
   *cntr = &h->cntr;
   return 0;
 }
 
 int cntr_trywait(hook_cntr* h, fid** pass, int cap, int* npass) noexcept {
-  (void)pass;
-  (void)cap;
-  (void)npass;
   if (h->wait_obj != FI_WAIT_FD || h->fd < 0) return -FI_EINVAL;
   if (!h->thread && h->hidden) {
     h->m.pull_comp();
     h->m.pull_err();
   }
   // Arm first, then read: an update after the arm makes the fd readable, one before it is in
-  // the values read here.
+  // the values read here. The provider's wait set is armed by the provider's trywait, in the
+  // same call as the application's other provider fids.
   if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
+  if (h->waitset != nullptr) {
+    if (*npass >= cap) return -FI_ENOMEM;
+    if (h->sockets)
+      for (int i = 0; i < 4096 && fi_wait(h->waitset, 0) == 0; ++i) {
+      }
+    pass[(*npass)++] = &h->waitset->fid;
+  }
   const std::uint64_t v = value_of(h), e = errors_of(h);
   const bool changed = h->seen_v.exchange(v, std::memory_order_relaxed) != v;
   const bool err_changed = h->seen_e.exchange(e, std::memory_order_relaxed) != e;
