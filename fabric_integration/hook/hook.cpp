@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -214,13 +215,77 @@ class work_swap {
 
 fid_ep* ep_of(fid* f) noexcept { return reinterpret_cast<fid_ep*>(f); }  // fid is the first member
 
+// Endpoints enabled so far, and the hook counters bound to each endpoint before its fi_enable
+// (see pending_add). Control path only.
+std::mutex g_ep_mu;
+std::unordered_map<fid*, bool>& ep_enabled() noexcept {
+  static auto* m = new std::unordered_map<fid*, bool>;
+  return *m;
+}
+/// Endpoints with a hook counter bound: only their enable and close exclude the progress thread
+/// (control_guard). Objects a utility provider opens for itself (rxm's tcp endpoints: rxm opens
+/// its core fabric with fi_fabric, so the hook is installed there too) never get a hook counter
+/// (rxm's pass-through mode, off by default, would be the exception), and their binds, enables and
+/// closes -- made by rxm's threads under rxm's locks -- never wait for the progress thread, which
+/// itself may wait for those locks.
+std::unordered_map<fid*, bool>& ep_has_cntr() noexcept {
+  static auto* m = new std::unordered_map<fid*, bool>;
+  return *m;
+}
+bool has_hook_cntr(fid* ep) noexcept {
+  std::lock_guard lk(g_ep_mu);
+  auto it = ep_has_cntr().find(ep);
+  return it != ep_has_cntr().end() && it->second;
+}
+class ep_guard {  // control_guard for endpoints with hook counters
+ public:
+  explicit ep_guard(bool needed) noexcept {
+    if (needed) g_.emplace();
+  }
+
+ private:
+  std::optional<control_guard> g_;
+};
+
+std::unordered_multimap<fid*, hook_cntr*>& ep_pending() noexcept {
+  static auto* m = new std::unordered_multimap<fid*, hook_cntr*>;
+  return *m;
+}
+void release_pending(fid* ep) noexcept {
+  std::lock_guard lk(g_ep_mu);
+  auto range = ep_pending().equal_range(ep);
+  for (auto it = range.first; it != range.second; ++it) pending_add(it->second, -1);
+  ep_pending().erase(ep);
+}
+
 int ep_bind(fid* f, fid* bfid, std::uint64_t flags) {
   const fi_ops* orig = orig_of(f->ops);
   if (hook_cntr* h = as_hook_cntr(bfid)) {
+    control_guard g;
     fid_cntr* hidden = hidden_of(h);
     if (hidden == nullptr) return -FI_EINVAL;
     const int r = orig->bind(f, &hidden->fid, flags);
-    if (r == 0) note_bound(h);
+    if (r != 0) {
+      // A refused bind may still have linked the endpoint into the provider's counter (util's
+      // duplicate-binding check runs after the link): after that endpoint closes, progressing the
+      // counter would walk a freed endpoint -- as it would without the hook, if the application
+      // read it. The progress thread leaves such a counter to the application's calls for good.
+      pending_add(h, 1);
+    } else {
+      note_bound(h);
+      std::lock_guard lk(g_ep_mu);
+      try {
+        ep_has_cntr()[f] = true;
+      } catch (...) {
+      }
+      if (!ep_enabled()[f]) {
+        try {
+          ep_pending().emplace(f, h);
+          pending_add(h, 1);
+        } catch (...) {  // no memory for the record: the thread may drive it early (as before)
+        }
+      }
+    }
     return r;
   }
   return orig->bind(f, bfid, flags);
@@ -228,13 +293,34 @@ int ep_bind(fid* f, fid* bfid, std::uint64_t flags) {
 
 void fill_ep_data(fid_ep* ep) noexcept;
 
+int ep_close(fid* f) {
+  ep_guard g(has_hook_cntr(f));
+  const int r = orig_of(f->ops)->close(f);
+  if (r == 0) {
+    release_pending(f);
+    std::lock_guard lk(g_ep_mu);
+    ep_enabled().erase(f);
+    ep_has_cntr().erase(f);
+  }
+  return r;
+}
+
 int ep_control(fid* f, int command, void* arg) {
   const fi_ops* orig = orig_of(f->ops);
+  ep_guard g(has_hook_cntr(f));
   const int r = orig->control(f, command, arg);
   if (r == 0 && (f->fclass == FI_CLASS_EP || f->fclass == FI_CLASS_SEP || f->fclass == FI_CLASS_TX_CTX ||
                  f->fclass == FI_CLASS_RX_CTX || f->fclass == FI_CLASS_SRX_CTX)) {
     if (command == FI_ENABLE) {
       fill_ep_data(ep_of(f));  // a provider may choose its data-path tables when enabling
+      {
+        std::lock_guard lk(g_ep_mu);
+        try {
+          ep_enabled()[f] = true;
+        } catch (...) {
+        }
+      }
+      release_pending(f);
     } else if (command == FI_ALIAS && arg != nullptr) {
       auto* alias = static_cast<struct fi_alias*>(arg);
       if (alias->fid != nullptr && *alias->fid != nullptr) install_ep(ep_of(*alias->fid));
@@ -244,6 +330,7 @@ int ep_control(fid* f, int command, void* arg) {
 }
 
 void fill_ep_fid(fi_ops& t, std::size_t size) {
+  if (HOOK_HAS(fi_ops, close, size) && t.close) t.close = ep_close;
   if (HOOK_HAS(fi_ops, bind, size) && t.bind) t.bind = ep_bind;
   if (HOOK_HAS(fi_ops, control, size) && t.control) t.control = ep_control;
 }
@@ -336,6 +423,7 @@ void fill_ep_data(fid_ep* ep) noexcept {
 int mr_bind(fid* f, fid* bfid, std::uint64_t flags) {
   const fi_ops* orig = orig_of(f->ops);
   if (hook_cntr* h = as_hook_cntr(bfid)) {
+    control_guard g;
     fid_cntr* hidden = hidden_of(h);
     if (hidden == nullptr) return -FI_EINVAL;
     const int r = orig->bind(f, &hidden->fid, flags);

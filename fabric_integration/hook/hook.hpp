@@ -36,6 +36,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 
 namespace compcntr_hook {
@@ -93,6 +95,10 @@ hook_cntr* as_hook_cntr(const fid* f) noexcept;
 fid_cntr* hidden_of(hook_cntr* c) noexcept;
 /// A successful bind of the hidden counter (statistics; progress bookkeeping).
 void note_bound(hook_cntr* c) noexcept;
+/// Bindings to endpoints not enabled yet: the progress thread leaves such a counter alone (a
+/// provider's endpoint cannot be progressed before fi_enable: rxm crashes). hook.cpp counts them
+/// up at fi_ep_bind and down at fi_enable or fi_close of the endpoint.
+void pending_add(hook_cntr* c, int delta) noexcept;
 /// domain ops cntr_open.
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept;
 /// compcntr_fi_trywait-style arming for hook counters inside the fabric's fi_trywait: collects
@@ -110,6 +116,23 @@ void install_domain(fid_domain* d, fabric_state* fs) noexcept;
 void install_ep(fid_ep* ep) noexcept;
 
 // ---- progress thread (progress.cpp) ----------------------------------------------------------
+
+/// Control-path operations on endpoints and memory regions (enable, bind, close) exclude the
+/// progress thread's rounds: FI_THREAD_SAFE makes data calls safe beside progress, but a
+/// provider's endpoint half-way through fi_enable or fi_close must not be progressed (rxm
+/// crashes). Shared by each round of the thread, exclusive for those calls; taken only while
+/// the thread exists, so with caller progress it costs nothing.
+std::shared_mutex& control_lock() noexcept;
+class control_guard {
+ public:
+  control_guard() noexcept;
+  ~control_guard();
+  control_guard(const control_guard&) = delete;
+  control_guard& operator=(const control_guard&) = delete;
+
+ private:
+  bool held_ = false;
+};
 
 void progress_thread_start() noexcept;  ///< idempotent; only with cfg().progress_thread
 void progress_thread_stop() noexcept;   ///< idempotent; joins

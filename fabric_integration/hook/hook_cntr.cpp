@@ -64,6 +64,7 @@ struct hook_cntr {
   // concurrent reads of one counter a count may be lost, the stats line is a proof of use, not
   // an exact tally).
   std::atomic<std::uint64_t> reads{0}, readerrs{0}, waits{0};
+  std::atomic<int> pending{0};  // bindings to endpoints not enabled yet (progress thread waits)
   hook_cntr* prev = nullptr;  // the live list (under live_mu)
   hook_cntr* next = nullptr;
 };
@@ -79,6 +80,13 @@ int raw_wait(const fi_cntr_attr& a) noexcept {
   int v;
   std::memcpy(&v, &a.wait_obj, sizeof v);
   return v;
+}
+
+// Whether the progress thread drives this counter now: a thread domain, and no binding to an
+// endpoint that is not enabled yet (or whose bind failed). Otherwise the application's calls
+// drive it (caller progress), exactly as without the thread.
+inline bool by_thread(const hook_cntr* h) noexcept {
+  return h->thread && h->pending.load(std::memory_order_acquire) == 0;
 }
 
 inline void bump(std::atomic<std::uint64_t>& a) noexcept {
@@ -122,14 +130,14 @@ std::uint64_t errors_of(hook_cntr* h) noexcept {
 // provider's own counter does). Progress thread: the thread pulls; a read is a load.
 uint64_t cntr_read(fid_cntr* c) {
   hook_cntr* h = of(c);
-  if (!h->thread && h->hidden) h->m.pull_comp();
+  if (!by_thread(h) && h->hidden) h->m.pull_comp();
   bump(h->reads);
   return value_of(h);
 }
 
 uint64_t cntr_readerr(fid_cntr* c) {
   hook_cntr* h = of(c);
-  if (!h->thread && h->hidden) h->m.pull_err();
+  if (!by_thread(h) && h->hidden) h->m.pull_err();
   bump(h->readerrs);
   const std::uint64_t e = errors_of(h);
   if (h->sockets) h->err_at_readerr.store(e, std::memory_order_relaxed);
@@ -191,12 +199,12 @@ void progress_both(void* ctx) noexcept {
 }
 void progress_yield(void* ctx) noexcept {
   hook_cntr* h = static_cast<hook_cntr*>(ctx);
-  if (!h->thread) progress_both(ctx);
+  if (!by_thread(h)) progress_both(ctx);
   sched_yield();
 }
 
 bool err_since_readerr(hook_cntr* h) noexcept {
-  if (!h->thread && h->hidden) h->m.pull_err();
+  if (!by_thread(h) && h->hidden) h->m.pull_err();
   return errors_of(h) != h->err_at_readerr.load(std::memory_order_relaxed);
 }
 
@@ -275,13 +283,13 @@ int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
   bump(h->waits);
   if (h->wait_rc != 0) return h->wait_rc;
   if (h->sockets && err_since_readerr(h)) return -FI_EAVAIL;
-  if (h->epfd >= 0 && !h->thread && h->hidden != nullptr && h->wait_obj != FI_WAIT_YIELD) {
+  if (h->epfd >= 0 && !by_thread(h) && h->hidden != nullptr && h->wait_obj != FI_WAIT_YIELD) {
     const int r = wait_on_fds(h, threshold, timeout);
     if (r == 0 && h->sockets && err_since_readerr(h)) return -FI_EAVAIL;
     return r;
   }
   compcntr_wait_attr wa{};
-  const bool drive = !h->thread && h->hidden != nullptr;
+  const bool drive = !by_thread(h) && h->hidden != nullptr;
   if (h->wait_obj == FI_WAIT_YIELD) {
     wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
     wa.spin_ns = COMPCNTR_WAIT_SPIN_FOREVER;
@@ -413,6 +421,8 @@ fid_cntr* hidden_of(hook_cntr* c) noexcept { return c->hidden; }
 
 void note_bound(hook_cntr*) noexcept { stats().cntr_bound.fetch_add(1, std::memory_order_relaxed); }
 
+void pending_add(hook_cntr* c, int delta) noexcept { c->pending.fetch_add(delta, std::memory_order_acq_rel); }
+
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept {
   static const int registered = compcntr_fi_register_cntr_class(&cntr_fid_ops, class_get);
   (void)registered;
@@ -425,10 +435,10 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   a.wait_obj = FI_WAIT_NONE;
   if (attr != nullptr) a = *attr;  // fi_cntr(3) defaults for NULL (libfabric itself would crash)
 
-  // FI_WAIT_SET without a wait set: libfabric's util counters answer -FI_EINVAL, the sockets
-  // provider (1.17) dereferences the NULL pointer and crashes; the hook answers -FI_EINVAL for
-  // every provider.
-  if (raw_wait(a) == FI_WAIT_SET && a.wait_set == nullptr) {
+  // FI_WAIT_SET without a wait set: the sockets provider (1.17) dereferences the NULL pointer
+  // and crashes; the hook answers -FI_EINVAL there, as libfabric's util counters do (the others
+  // answer for themselves: util -FI_EINVAL, shm -FI_ENOSYS).
+  if (raw_wait(a) == FI_WAIT_SET && a.wait_set == nullptr && ds->fabric && ds->fabric->sockets) {
     stats().cntr_open_refused.fetch_add(1, std::memory_order_relaxed);
     return -FI_EINVAL;
   }
@@ -543,7 +553,7 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
 
 int cntr_trywait(hook_cntr* h, fid** pass, int cap, int* npass) noexcept {
   if (h->wait_obj != FI_WAIT_FD || h->fd < 0) return -FI_EINVAL;
-  if (!h->thread && h->hidden) {
+  if (!by_thread(h) && h->hidden) {
     h->m.pull_comp();
     h->m.pull_err();
   }
@@ -568,7 +578,7 @@ bool progress_all() noexcept {
   bool any = false;
   std::lock_guard lk(live_mu);
   for (hook_cntr* h = live_head; h != nullptr; h = h->next)
-    if (h->thread && h->hidden) {
+    if (h->thread && h->hidden && h->pending.load(std::memory_order_acquire) == 0) {
       any |= h->m.pull_comp();
       any |= h->m.pull_err();
     }

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 namespace compcntr_hook {
@@ -30,12 +31,19 @@ std::mutex thread_mu;
 std::thread* worker = nullptr;  // under thread_mu
 std::atomic<bool> stop{false};
 
+std::shared_mutex g_control;
+
 void run() noexcept {
   using clock = std::chrono::steady_clock;
   auto last_change = clock::now();
   const timespec idle{0, static_cast<long>(cfg().progress_idle_us) * 1000};
   while (!stop.load(std::memory_order_acquire)) {
-    if (progress_all()) {
+    bool changed;
+    {
+      std::shared_lock lk(g_control);
+      changed = progress_all();
+    }
+    if (changed) {
       last_change = clock::now();
       continue;
     }
@@ -63,6 +71,17 @@ void progress_thread_start() noexcept {
   (void)registered;
 }
 
+std::shared_mutex& control_lock() noexcept { return g_control; }
+
+control_guard::control_guard() noexcept {
+  if (!cfg().progress_thread) return;
+  g_control.lock();
+  held_ = true;
+}
+control_guard::~control_guard() {
+  if (held_) g_control.unlock();
+}
+
 bool progress_thread_running() noexcept {
   std::lock_guard lk(thread_mu);
   return worker != nullptr;
@@ -77,7 +96,11 @@ void progress_thread_stop() noexcept {
   }
   if (t == nullptr) return;
   stop.store(true, std::memory_order_release);
-  t->join();
+  if (t->get_id() == std::this_thread::get_id()) {
+    t->detach();  // exit() called on the progress thread itself (a crash handler): cannot join
+  } else {
+    t->join();
+  }
   delete t;
 }
 
