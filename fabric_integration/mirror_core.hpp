@@ -94,11 +94,18 @@ class mirror_core {
   std::uint64_t mask() const noexcept { return mask_; }
 
  private:
-  bool pull(std::atomic<std::uint64_t>& last, bool err) noexcept {
+  // The fast path (inline: a polling read is a generation load, the provider read and one
+  // compare) and the commit (out of line: it takes the mutex).
+  inline bool pull(std::atomic<std::uint64_t>& last, bool err) noexcept {
     const std::uint64_t g = gen_.load(std::memory_order_acquire);
     if (g & 1) return false;  // a resync is running: it decides the values
     const std::uint64_t v = (err ? fi_cntr_readerr(pc_) : fi_cntr_read(pc_)) & mask_;
-    if (v == last.load(std::memory_order_acquire)) return false;
+    if (__builtin_expect(v == last.load(std::memory_order_acquire), 1)) return false;
+    return commit(last, err, g, v);
+  }
+
+  [[gnu::noinline]] bool commit(std::atomic<std::uint64_t>& last, bool err, std::uint64_t g,
+                                std::uint64_t v) noexcept {
     std::lock_guard lk(mu_);
     if (gen_.load(std::memory_order_relaxed) != g) return false;
     const std::uint64_t d = (v - last.load(std::memory_order_relaxed)) & mask_;
