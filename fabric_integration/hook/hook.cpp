@@ -23,6 +23,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -106,12 +107,26 @@ inline const Ops* orig_of(const Ops* p) noexcept {
 
 enum kind : int {
   k_fabric, k_fabric_fid, k_domain, k_domain_fid, k_mr_ops, k_mr_fid, k_ep_fid, k_ep_ops,
-  k_msg, k_rma, k_tagged, k_atomic, k_poll,
+  k_msg, k_rma, k_tagged, k_atomic, k_poll, k_msg_t, k_rma_t, k_tagged_t, k_atomic_t,
 };
 
 /// The patched copy of `orig` for kind K (made once per provider table; tables live forever).
 /// `fill(copy, size)` replaces entries. A table that already is one of our copies is returned
 /// unchanged, so installing twice is harmless. nullptr (and nothing changes) without memory.
+// Every table the hook made, by address, with the provider table it copies (a table of one
+// kind is never made from a table of another: base_of() first goes back to the provider's).
+std::mutex g_tables_mu;
+std::unordered_map<const void*, const void*>& our_tables() noexcept {
+  static auto* m = new std::unordered_map<const void*, const void*>;
+  return *m;
+}
+template <class Ops>
+Ops* base_of(Ops* t) noexcept {
+  std::lock_guard lk(g_tables_mu);
+  auto it = our_tables().find(t);
+  return it == our_tables().end() ? t : static_cast<Ops*>(const_cast<void*>(it->second));
+}
+
 template <class Ops, int K>
 Ops* patch(Ops* orig, void (*fill)(Ops&, std::size_t)) noexcept {
   struct cache_t {
@@ -120,6 +135,7 @@ Ops* patch(Ops* orig, void (*fill)(Ops&, std::size_t)) noexcept {
   };
   static cache_t* cache = new cache_t;  // never destroyed (objects may outlive static destruction)
   if (orig == nullptr) return nullptr;
+  orig = base_of(orig);  // a table of ours of another kind: start from the provider's
   std::lock_guard lk(cache->mu);
   for (patched<Ops>* p : cache->tables) {
     if (&p->ops == orig) return orig;
@@ -135,6 +151,8 @@ Ops* patch(Ops* orig, void (*fill)(Ops&, std::size_t)) noexcept {
   fill(p->ops, size);
   try {
     cache->tables.push_back(p);
+    std::lock_guard lk2(g_tables_mu);
+    our_tables()[&p->ops] = orig;
   } catch (...) {
     delete p;
     return nullptr;
@@ -153,9 +171,13 @@ void install(Ops*& slot, void (*fill)(Ops&, std::size_t)) noexcept {
 
 // FI_TRIGGER data calls carry a struct fi_triggered_context as their context. When its
 // threshold counter is a hook counter, the provider must see its hidden counter instead (a
-// provider such as sockets reads it as its own counter type). The application's structure is
-// changed only for the duration of the call: the provider copies what it needs at post time
-// (sockets: container_of on the counter, the threshold), then the application's value is back.
+// provider such as sockets reads it as its own counter type). The hidden counter is written into
+// the application's context and stays there: sockets reads the context again when the operation
+// fires (an endpoint whose default flags hold FI_TRIGGER re-queues the operation through it), so
+// restoring the application's pointer after the call would hand sockets the hook's counter then.
+// Both counters stand for the same count (the hook keeps the hidden counter equal to the
+// application's), so the application loses nothing; it must only not expect its pointer back in
+// the context (fi_trigger(3) says nothing of the provider leaving it alone).
 class trigger_swap {
  public:
   trigger_swap(const void* context, std::uint64_t flags) noexcept {
@@ -164,20 +186,11 @@ class trigger_swap {
     if (t->event_type != FI_TRIGGER_THRESHOLD || t->trigger.threshold.cntr == nullptr) return;
     hook_cntr* h = as_hook_cntr(&t->trigger.threshold.cntr->fid);
     if (h == nullptr) return;
-    ctx_ = t;
-    saved_ = t->trigger.threshold.cntr;
     t->trigger.threshold.cntr = hidden_of(h);
     stats().triggers_translated.fetch_add(1, std::memory_order_relaxed);
   }
-  ~trigger_swap() {
-    if (ctx_) ctx_->trigger.threshold.cntr = saved_;
-  }
   trigger_swap(const trigger_swap&) = delete;
   trigger_swap& operator=(const trigger_swap&) = delete;
-
- private:
-  fi_triggered_context* ctx_ = nullptr;
-  fid_cntr* saved_ = nullptr;
 };
 
 // fi_control(domain, FI_QUEUE_WORK, work): the triggering and completion counters are
@@ -213,11 +226,35 @@ class work_swap {
 
 // ---- endpoints -------------------------------------------------------------------------------
 
+std::mutex g_ep_mu;  // the endpoint records below (control path only)
+
+// FI_TRIGGER among an endpoint's default flags: transmit side, receive side (under g_ep_mu).
+struct trig_state {
+  bool tx = false, rx = false;
+};
+std::unordered_map<fid*, trig_state>& ep_trig() noexcept {
+  static auto* m = new std::unordered_map<fid*, trig_state>;
+  return *m;
+}
+bool trigger_default(fid* ep) noexcept {
+  std::lock_guard lk(g_ep_mu);
+  auto it = ep_trig().find(ep);
+  return it != ep_trig().end() && (it->second.tx || it->second.rx);
+}
+void set_trigger_default(fid* ep, bool tx, bool rx) noexcept {
+  std::lock_guard lk(g_ep_mu);
+  try {
+    if (tx || rx) ep_trig()[ep] = {tx, rx};
+    else ep_trig().erase(ep);
+  } catch (...) {
+  }
+}
+void fill_ep_data(fid_ep* ep, bool trigger_default) noexcept;
+
 fid_ep* ep_of(fid* f) noexcept { return reinterpret_cast<fid_ep*>(f); }  // fid is the first member
 
 // Endpoints enabled so far, and the hook counters bound to each endpoint before its fi_enable
 // (see pending_add). Control path only.
-std::mutex g_ep_mu;
 std::unordered_map<fid*, bool>& ep_enabled() noexcept {
   static auto* m = new std::unordered_map<fid*, bool>;
   return *m;
@@ -301,6 +338,7 @@ int ep_close(fid* f) {
     std::lock_guard lk(g_ep_mu);
     ep_enabled().erase(f);
     ep_has_cntr().erase(f);
+    ep_trig().erase(f);
   }
   return r;
 }
@@ -323,7 +361,20 @@ int ep_control(fid* f, int command, void* arg) {
       release_pending(f);
     } else if (command == FI_ALIAS && arg != nullptr) {
       auto* alias = static_cast<struct fi_alias*>(arg);
-      if (alias->fid != nullptr && *alias->fid != nullptr) install_ep(ep_of(*alias->fid));
+      if (alias->fid != nullptr && *alias->fid != nullptr) {
+        const bool trig = (alias->flags & FI_TRIGGER) != 0;
+        install_ep(ep_of(*alias->fid), trig && !(alias->flags & FI_RECV), trig && (alias->flags & FI_RECV));
+      }
+    } else if (command == FI_SETOPSFLAG && arg != nullptr) {
+      const std::uint64_t flags = *static_cast<std::uint64_t*>(arg);
+      bool tx = false, rx = false;
+      {
+        std::lock_guard lk(g_ep_mu);
+        if (auto it = ep_trig().find(f); it != ep_trig().end()) tx = it->second.tx, rx = it->second.rx;
+      }
+      ((flags & FI_RECV) ? rx : tx) = (flags & FI_TRIGGER) != 0;
+      set_trigger_default(f, tx, rx);
+      fill_ep_data(ep_of(f), tx || rx);
     }
   }
   return r;
@@ -337,12 +388,12 @@ void fill_ep_fid(fi_ops& t, std::size_t size) {
 
 int ep_tx_ctx(fid_ep* sep, int index, fi_tx_attr* attr, fid_ep** tx, void* context) {
   const int r = orig_of(sep->ops)->tx_ctx(sep, index, attr, tx, context);
-  if (r == 0 && tx && *tx) install_ep(*tx);
+  if (r == 0 && tx && *tx) install_ep(*tx, attr && (attr->op_flags & FI_TRIGGER), false);
   return r;
 }
 int ep_rx_ctx(fid_ep* sep, int index, fi_rx_attr* attr, fid_ep** rx, void* context) {
   const int r = orig_of(sep->ops)->rx_ctx(sep, index, attr, rx, context);
-  if (r == 0 && rx && *rx) install_ep(*rx);
+  if (r == 0 && rx && *rx) install_ep(*rx, false, attr && (attr->op_flags & FI_TRIGGER));
   return r;
 }
 void fill_ep_ops(fi_ops_ep& t, std::size_t size) {
@@ -411,12 +462,78 @@ void fill_atomic(fi_ops_atomic& t, std::size_t size) {
   if (HOOK_HAS(fi_ops_atomic, compwritemsg, size) && t.compwritemsg) t.compwritemsg = atomic_compwritemsg;
 }
 
-void fill_ep_data(fid_ep* ep) noexcept {
-  install<fi_ops_msg, k_msg>(ep->msg, fill_msg);
-  install<fi_ops_rma, k_rma>(ep->rma, fill_rma);
-  install<fi_ops_tagged, k_tagged>(ep->tagged, fill_tagged);
-  install<fi_ops_atomic, k_atomic>(ep->atomic, fill_atomic);
+// Endpoints whose default operation flags include FI_TRIGGER (tx_attr/rx_attr op_flags at
+// creation, fi_ep_alias(..., FI_TRIGGER), FI_SETOPSFLAG): every data call with a context treats
+// it as a struct fi_triggered_context, so every such call is wrapped, not only the *msg ones.
+// Tables of this kind are installed only on such endpoints; the others keep the *msg-only
+// tables (their fi_send, fi_write, ... are the provider's functions, no extra call).
+template <class F>
+struct trig_call;
+template <class Ops, class R, class... A>
+struct trig_call<R (*Ops::*)(fid_ep*, A...)> {
+  template <Ops* fid_ep::*Table, R (*Ops::*Fn)(fid_ep*, A...)>
+  static R call(fid_ep* ep, A... a) {
+    // The context is the last argument of every data call that has one.
+    const void* context = std::get<sizeof...(A) - 1>(std::tuple<A...>(a...));
+    trigger_swap s(context, FI_TRIGGER);
+    return (orig_of(ep->*Table)->*Fn)(ep, a...);
+  }
+};
+#define HOOK_TRIG(T, table, field, size)                                                   \
+  do {                                                                                     \
+    if (HOOK_HAS(T, field, size) && t.field)                                               \
+      t.field = &trig_call<decltype(&T::field)>::template call<&fid_ep::table, &T::field>; \
+  } while (0)
+
+void fill_msg_t(fi_ops_msg& t, std::size_t size) {
+  fill_msg(t, size);
+  HOOK_TRIG(fi_ops_msg, msg, recv, size);
+  HOOK_TRIG(fi_ops_msg, msg, recvv, size);
+  HOOK_TRIG(fi_ops_msg, msg, send, size);
+  HOOK_TRIG(fi_ops_msg, msg, sendv, size);
+  HOOK_TRIG(fi_ops_msg, msg, senddata, size);
 }
+void fill_rma_t(fi_ops_rma& t, std::size_t size) {
+  fill_rma(t, size);
+  HOOK_TRIG(fi_ops_rma, rma, read, size);
+  HOOK_TRIG(fi_ops_rma, rma, readv, size);
+  HOOK_TRIG(fi_ops_rma, rma, write, size);
+  HOOK_TRIG(fi_ops_rma, rma, writev, size);
+  HOOK_TRIG(fi_ops_rma, rma, writedata, size);
+}
+void fill_tagged_t(fi_ops_tagged& t, std::size_t size) {
+  fill_tagged(t, size);
+  HOOK_TRIG(fi_ops_tagged, tagged, recv, size);
+  HOOK_TRIG(fi_ops_tagged, tagged, recvv, size);
+  HOOK_TRIG(fi_ops_tagged, tagged, send, size);
+  HOOK_TRIG(fi_ops_tagged, tagged, sendv, size);
+  HOOK_TRIG(fi_ops_tagged, tagged, senddata, size);
+}
+void fill_atomic_t(fi_ops_atomic& t, std::size_t size) {
+  fill_atomic(t, size);
+  HOOK_TRIG(fi_ops_atomic, atomic, write, size);
+  HOOK_TRIG(fi_ops_atomic, atomic, writev, size);
+  HOOK_TRIG(fi_ops_atomic, atomic, readwrite, size);
+  HOOK_TRIG(fi_ops_atomic, atomic, readwritev, size);
+  HOOK_TRIG(fi_ops_atomic, atomic, compwrite, size);
+  HOOK_TRIG(fi_ops_atomic, atomic, compwritev, size);
+}
+
+void fill_ep_data(fid_ep* ep, bool trigger_default) noexcept {
+  if (trigger_default) {
+    install<fi_ops_msg, k_msg_t>(ep->msg, fill_msg_t);
+    install<fi_ops_rma, k_rma_t>(ep->rma, fill_rma_t);
+    install<fi_ops_tagged, k_tagged_t>(ep->tagged, fill_tagged_t);
+    install<fi_ops_atomic, k_atomic_t>(ep->atomic, fill_atomic_t);
+  } else {
+    install<fi_ops_msg, k_msg>(ep->msg, fill_msg);
+    install<fi_ops_rma, k_rma>(ep->rma, fill_rma);
+    install<fi_ops_tagged, k_tagged>(ep->tagged, fill_tagged);
+    install<fi_ops_atomic, k_atomic>(ep->atomic, fill_atomic);
+  }
+}
+
+void fill_ep_data(fid_ep* ep) noexcept { fill_ep_data(ep, trigger_default(&ep->fid)); }
 
 // ---- memory regions --------------------------------------------------------------------------
 
@@ -520,12 +637,19 @@ fi_info* thread_safe_info(const fi_info* info) noexcept {
   return dup;
 }
 
+bool trig_tx(const fi_info* info) noexcept {
+  return info && info->tx_attr && (info->tx_attr->op_flags & FI_TRIGGER);
+}
+bool trig_rx(const fi_info* info) noexcept {
+  return info && info->rx_attr && (info->rx_attr->op_flags & FI_TRIGGER);
+}
+
 int dom_endpoint(fid_domain* d, fi_info* info, fid_ep** ep, void* context) {
   fi_info* safe = thread_safe_info(info);
   int r = orig_of(d->ops)->endpoint(d, safe ? safe : info, ep, context);
   if (r != 0 && safe != nullptr) r = orig_of(d->ops)->endpoint(d, info, ep, context);
   fi_freeinfo(safe);
-  if (r == 0 && ep && *ep) install_ep(*ep);
+  if (r == 0 && ep && *ep) install_ep(*ep, trig_tx(info), trig_rx(info));
   return r;
 }
 int dom_endpoint2(fid_domain* d, fi_info* info, fid_ep** ep, std::uint64_t flags, void* context) {
@@ -533,17 +657,17 @@ int dom_endpoint2(fid_domain* d, fi_info* info, fid_ep** ep, std::uint64_t flags
   int r = orig_of(d->ops)->endpoint2(d, safe ? safe : info, ep, flags, context);
   if (r != 0 && safe != nullptr) r = orig_of(d->ops)->endpoint2(d, info, ep, flags, context);
   fi_freeinfo(safe);
-  if (r == 0 && ep && *ep) install_ep(*ep);
+  if (r == 0 && ep && *ep) install_ep(*ep, trig_tx(info), trig_rx(info));
   return r;
 }
 int dom_scalable_ep(fid_domain* d, fi_info* info, fid_ep** sep, void* context) {
   const int r = orig_of(d->ops)->scalable_ep(d, info, sep, context);
-  if (r == 0 && sep && *sep) install_ep(*sep);
+  if (r == 0 && sep && *sep) install_ep(*sep, trig_tx(info), trig_rx(info));
   return r;
 }
 int dom_srx_ctx(fid_domain* d, fi_rx_attr* attr, fid_ep** rx, void* context) {
   const int r = orig_of(d->ops)->srx_ctx(d, attr, rx, context);
-  if (r == 0 && rx && *rx) install_ep(*rx);
+  if (r == 0 && rx && *rx) install_ep(*rx, false, attr && (attr->op_flags & FI_TRIGGER));
   return r;
 }
 int dom_poll_open(fid_domain* d, fi_poll_attr* attr, fid_poll** p) {
@@ -806,11 +930,12 @@ void install_domain(fid_domain* d, fabric_state* fs) noexcept {
   stats().domains.fetch_add(1, std::memory_order_relaxed);
 }
 
-void install_ep(fid_ep* ep) noexcept {
+void install_ep(fid_ep* ep, bool trigger_tx, bool trigger_rx) noexcept {
   if (ep == nullptr) return;
   install<fi_ops, k_ep_fid>(ep->fid.ops, fill_ep_fid);
   install<fi_ops_ep, k_ep_ops>(ep->ops, fill_ep_ops);
-  fill_ep_data(ep);
+  set_trigger_default(&ep->fid, trigger_tx, trigger_rx);
+  fill_ep_data(ep, trigger_tx || trigger_rx);
 }
 
 }  // namespace compcntr_hook

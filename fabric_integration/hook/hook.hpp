@@ -113,7 +113,8 @@ void sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_
 // ---- installing on objects (hook.cpp) --------------------------------------------------------
 
 void install_domain(fid_domain* d, fabric_state* fs) noexcept;
-void install_ep(fid_ep* ep) noexcept;
+/// Installs on an endpoint (any fid_ep class); trigger_*: FI_TRIGGER among its default flags.
+void install_ep(fid_ep* ep, bool trigger_tx = false, bool trigger_rx = false) noexcept;
 
 // ---- progress thread (progress.cpp) ----------------------------------------------------------
 
