@@ -92,6 +92,8 @@ class mirror_core {
   }
 
   std::uint64_t mask() const noexcept { return mask_; }
+  /// The provider completion value already added (masked to the provider's width).
+  std::uint64_t last_value() const noexcept { return last_.load(std::memory_order_acquire); }
 
  private:
   // The fast path (inline: a polling read is a generation load, the provider read and one

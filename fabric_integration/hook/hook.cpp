@@ -720,7 +720,10 @@ int open_domain(fid_fabric* f, fi_info* info, fid_domain** d, bool has_flags, st
   if (r == 0 && d && *d) {
     if (info && info->domain_attr && info->domain_attr->threading == FI_THREAD_SAFE) thread_safe = true;
     install_domain(*d, find_fabric(f));
-    if (domain_state* ds = find_domain(*d)) ds->progress_thread = cfg().progress_thread && thread_safe && progress_thread_running();
+    if (domain_state* ds = find_domain(*d)) {
+      ds->progress_thread = cfg().progress_thread && thread_safe && progress_thread_running();
+      ds->auto_progress = info && info->domain_attr && info->domain_attr->data_progress == FI_PROGRESS_AUTO;
+    }
   }
   return r;
 }

@@ -81,6 +81,8 @@ struct domain_state {
   const fi_ops_domain* orig = nullptr;  ///< the provider's domain ops (to open hidden counters)
   bool progress_thread = false;  ///< the progress thread drives this domain's counters (it was
                                  ///< opened FI_THREAD_SAFE)
+  bool auto_progress = false;    ///< data_progress FI_PROGRESS_AUTO (sockets: the provider's own
+                                 ///< thread moves data; a waiter must not spin against it)
 };
 
 fabric_state* find_fabric(fid_fabric* f) noexcept;

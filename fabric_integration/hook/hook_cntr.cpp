@@ -48,6 +48,7 @@ struct hook_cntr {
                                    // util counters), probed at open; 0: waits are served
   bool sockets = false;            // sockets semantics for -FI_EAVAIL (see cntr_wait)
   bool thread = false;             // the progress thread drives this counter
+  bool auto_progress = false;      // the provider moves data itself: waits block at once
   int fd = -1;                     // FI_WAIT_FD: the fd FI_GETWAIT hands out
   // The provider side of blocking (FI_WAIT_FD and FI_WAIT_UNSPEC counters, where the provider
   // lets its counter join an FI_WAIT_FD wait set): the hidden counter is opened on `waitset`,
@@ -223,12 +224,19 @@ bool err_since_readerr(hook_cntr* h) noexcept {
 // Arms both sides of epfd: cc's eventfd (armed: the next update makes it readable) and the
 // provider's wait set (fi_trywait resets it; sockets' wait set keeps one byte per signal until
 // fi_wait reads it, so it is drained first). -FI_EAGAIN: the provider has work pending now.
-int arm(hook_cntr* h) noexcept {
-  if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
-  if (h->waitset == nullptr) return 0;
-  if (h->sockets)
+// Order matters: the wait set is reset first, cc's fd armed next, and only then are the
+// provider's values pulled (by the caller): an update after the reset signals the wait set
+// again, one the pull carries into cc makes the armed fd readable, so none is lost between the
+// check and the sleep.
+void drain_sockets_waitset(hook_cntr* h) noexcept {
+  if (h->sockets && h->waitset != nullptr)
     for (int i = 0; i < 4096 && fi_wait(h->waitset, 0) == 0; ++i) {
     }
+}
+int arm(hook_cntr* h) noexcept {
+  drain_sockets_waitset(h);
+  if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
+  if (h->waitset == nullptr) return 0;
   fid* w = &h->waitset->fid;
   return fi_trywait(h->fabric, &w, 1);
 }
@@ -256,7 +264,10 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
     if (errors_of(h) != err0) return -FI_EAVAIL;
     return 1;
   };
-  const auto spin_end = start + std::chrono::nanoseconds(cfg().wait_spin_ns);
+  // With FI_PROGRESS_AUTO (sockets) the provider's thread moves the data: spinning here would
+  // only take a CPU from it (two ping-pong processes and their provider threads on two CPUs), so
+  // the waiter blocks on the fds at once; their signal comes with each update.
+  const auto spin_end = start + std::chrono::nanoseconds(h->auto_progress ? 0 : cfg().wait_spin_ns);
   for (;;) {
     progress_both(h);
     if (const int r = test(); r <= 0) return r;
@@ -267,6 +278,7 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
       continue;
     }
     if (arm(h) == -FI_EAGAIN) continue;  // work pending: progress again, no sleep
+    progress_both(h);                     // what came before the arm (see arm)
     if (const int r = test(); r <= 0) return r;
     std::int64_t ms = 10;
     if (timeout >= 0) {
@@ -290,9 +302,35 @@ int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
   }
   compcntr_wait_attr wa{};
   const bool drive = !by_thread(h) && h->hidden != nullptr;
+  if (h->sockets && drive && timeout < 0 && h->wait_obj != FI_WAIT_YIELD) {
+    // sockets moves data in its own thread and wakes its counter's waiters (a condition
+    // variable) on every update, and nothing of it reaches a fd here; its untimed wait is sound
+    // (its timed one returns +FI_ETIMEDOUT at once in 1.17): block in it, on the provider's value
+    // that stands for `threshold` (the same, unless cc was also updated through compcntr).
+    progress_both(h);
+    const std::uint64_t v = value_of(h), offset = v - h->m.last_value();
+    if (v >= threshold) return err_since_readerr(h) ? -FI_EAVAIL : 0;
+    const std::uint64_t need = threshold - offset;
+    if (need <= 0x7fffffffu) {  // sockets compares as int32
+      const int r = fi_cntr_wait(h->hidden, need, -1);
+      progress_both(h);
+      if (err_since_readerr(h)) return -FI_EAVAIL;
+      if (r == 0 && value_of(h) >= threshold) return 0;
+      if (r != 0) return r < 0 ? r : -r;
+      // Reached on the provider's side but not on cc's (cc was set meanwhile): wait as below.
+    }
+  }
   if (h->wait_obj == FI_WAIT_YIELD) {
     wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
     wa.spin_ns = COMPCNTR_WAIT_SPIN_FOREVER;
+    wa.progress = progress_yield;
+    wa.progress_ctx = h;
+  } else if (h->auto_progress && drive) {
+    // The provider's thread moves the data and nothing of it reaches a fd here: check (pulling)
+    // and yield the CPU between checks, so that thread runs, for up to 10x the spin time, then
+    // sleep in 1 ms slices.
+    wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
+    wa.spin_ns = 10 * cfg().wait_spin_ns;
     wa.progress = progress_yield;
     wa.progress_ctx = h;
   } else {
@@ -455,7 +493,13 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   // signal, and waits poll the provider in 1 ms slices).
   fid_wait* waitset = nullptr;
   int wait_fd = -1;
-  if ((raw_wait(a) == FI_WAIT_FD || raw_wait(a) == FI_WAIT_UNSPEC) && ds->fabric && ds->fabric->fabric) {
+  // Not for sockets' FI_WAIT_UNSPEC counters: sockets signals a wait set by writing a byte per
+  // update into a socket pair that only fi_wait empties, so the wait set of a counter nobody waits
+  // on (a send counter) fills up and blocks sockets' progress thread for good. (An FI_WAIT_FD
+  // counter of sockets has that property without the hook too.)
+  const bool sockets = ds->fabric && ds->fabric->sockets;
+  if ((raw_wait(a) == FI_WAIT_FD || (raw_wait(a) == FI_WAIT_UNSPEC && !sockets)) && ds->fabric &&
+      ds->fabric->fabric) {
     fi_wait_attr wa{};
     wa.wait_obj = FI_WAIT_FD;
     if (fi_wait_open(ds->fabric->fabric, &wa, &waitset) == 0) {
@@ -536,6 +580,7 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   h->fd = fd;
   h->sockets = ds->fabric && ds->fabric->sockets;
   h->thread = ds->progress_thread;
+  h->auto_progress = ds->auto_progress;
   const unsigned bits = probe_bits(hidden);
   h->m.init_at(hidden, cc, bits, 0, 0);
   // Can the provider's counter be waited on? A threshold of 0 is met at once where it can.
@@ -553,21 +598,18 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
 
 int cntr_trywait(hook_cntr* h, fid** pass, int cap, int* npass) noexcept {
   if (h->wait_obj != FI_WAIT_FD || h->fd < 0) return -FI_EINVAL;
+  if (h->waitset != nullptr && *npass >= cap) return -FI_ENOMEM;
+  // Reset the provider's side, arm cc's fd, then pull and read (see arm): an update after the
+  // arm makes the fd readable, one before it is in the values read here. A util wait set is
+  // reset and checked by the provider's trywait, in the same call as the application's other
+  // provider fids (its check sees what came after its reset).
+  drain_sockets_waitset(h);
+  if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
   if (!by_thread(h) && h->hidden) {
     h->m.pull_comp();
     h->m.pull_err();
   }
-  // Arm first, then read: an update after the arm makes the fd readable, one before it is in
-  // the values read here. The provider's wait set is armed by the provider's trywait, in the
-  // same call as the application's other provider fids.
-  if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
-  if (h->waitset != nullptr) {
-    if (*npass >= cap) return -FI_ENOMEM;
-    if (h->sockets)
-      for (int i = 0; i < 4096 && fi_wait(h->waitset, 0) == 0; ++i) {
-      }
-    pass[(*npass)++] = &h->waitset->fid;
-  }
+  if (h->waitset != nullptr) pass[(*npass)++] = &h->waitset->fid;
   const std::uint64_t v = value_of(h), e = errors_of(h);
   const bool changed = h->seen_v.exchange(v, std::memory_order_relaxed) != v;
   const bool err_changed = h->seen_e.exchange(e, std::memory_order_relaxed) != e;
