@@ -58,9 +58,10 @@ extern "C" {
 int compcntr_fi_cntr_open(struct compcntr_device *dev, struct fi_cntr_attr *attr,
                           struct fid_cntr **cntr, void *context);
 
-/* The compcntr counter behind an adapter counter (owned by it: do not destroy it). NULL with
- * errno EINVAL for NULL or for any fid_cntr not opened by compcntr_fi_cntr_open (a provider's
- * counter is recognised by its ops table without reading past struct fid_cntr). */
+/* The compcntr counter behind an adapter counter, or behind an application's counter under the
+ * hook provider (FI_HOOK=compcntr, docs/hook.md); owned by that counter: do not destroy it. NULL
+ * with errno EINVAL for NULL or for any other fid_cntr (a provider's counter is recognised by its
+ * ops table without reading past struct fid_cntr). */
 struct compcntr_comp_cntr *compcntr_fi_cntr_comp_cntr(struct fid_cntr *cntr);
 
 /* fi_trywait(3) for adapter counters opened with FI_WAIT_FD (libfabric's fi_trywait belongs
