@@ -18,14 +18,32 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "fi_pair.hpp"
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#include <sanitizer/lsan_interface.h>
+#define HOOK_TEST_LSAN 1
+#endif
+#endif
 
 using namespace fipair;
 using clk = std::chrono::steady_clock;
 
 namespace {
+
+/// Objects libfabric 1.17 never frees (sockets keeps a counter busy after its endpoint closed;
+/// sockets' alias endpoints are not freed by fi_close) are allocated under this, so that
+/// LeakSanitizer reports only leaks of the hook and the test. Without ASan: nothing.
+struct libfabric_leaks_here {
+#ifdef HOOK_TEST_LSAN
+  libfabric_leaks_here() { __lsan_disable(); }
+  ~libfabric_leaks_here() { __lsan_enable(); }
+#endif
+};
 
 bool thread_mode() {
   const char* v = std::getenv("COMPCNTR_FI_PROGRESS_THREAD");
@@ -207,6 +225,10 @@ TEST_CASE("bind errors, close order and -FI_EBUSY are the provider's") {
     INFO("provider " << prov << (hooked() ? " (hooked)" : " (plain)"));
     fid_cntr *tx = nullptr, *other = nullptr;
     int dup = 1, bad = 1, none = 1;
+    // util's refused duplicate bind leaks the list entry it linked first; sockets' counter stays
+    // busy after its endpoint closed and is never freed.
+    std::optional<libfabric_leaks_here> leaks;
+    leaks.emplace();
     auto p = open_or_fail(prov, {}, [&](pair& p) {
       if (int r = p.open_cntr(&tx)) return r;
       if (int r = p.open_cntr(&other)) return r;
@@ -216,6 +238,7 @@ TEST_CASE("bind errors, close order and -FI_EBUSY are the provider's") {
       none = fi_ep_bind(p.b.ep, &other->fid, 0);             // no flags
       return 0;
     });
+    leaks.reset();
     CHECK(dup == (prov == "sockets" ? 0 : -FI_EINVAL));  // sockets replaces the binding
     CHECK(bad == -FI_EBADFLAGS);
     CHECK(none == 0);
@@ -485,7 +508,10 @@ TEST_CASE("sockets: FI_TRIGGER operations and FI_QUEUE_WORK on counters") {
   // An alias endpoint whose default flags include FI_TRIGGER (the fi_rdm_rma_trigger pattern):
   // a plain fi_write's context is a triggered context.
   fid_ep* alias = nullptr;
-  REQUIRE(fi_ep_alias(p->a.ep, &alias, FI_TRANSMIT | FI_TRIGGER) == 0);
+  {
+    libfabric_leaks_here leaks;  // sockets does not free an alias endpoint
+    REQUIRE(fi_ep_alias(p->a.ep, &alias, FI_TRANSMIT | FI_TRIGGER) == 0);
+  }
   std::memset(p->a.buf + 128, 'A', 64);
   fi_triggered_context* tc2 = p->tctx();
   tc2->event_type = FI_TRIGGER_THRESHOLD;
