@@ -221,7 +221,7 @@ TEST_CASE("mirror: exactly once under concurrent progress calls (stress; run und
     compcntr_fi_mirror* m = open_bits(&t->cntr, c.cc, bits);
     REQUIRE(m != nullptr);
     constexpr int pullers = 3;
-    constexpr std::uint64_t steps = MIRROR_TSAN ? 20'000 : 200'000;
+    constexpr std::uint64_t steps = MIRROR_TSAN ? 100'000 : 400'000;
     std::atomic<bool> done{false};
     std::atomic<std::uint64_t> added{0}, err_added{0};
     // Each puller also checks that the values it sees never decrease (an addition is never
