@@ -17,6 +17,7 @@
 #include <new>
 #include <unordered_map>
 
+#include "cntr_classes.h"
 #include "internal.hpp"
 
 namespace compcntr_fabric {
@@ -196,6 +197,26 @@ adapter* adapter_of(fid_cntr* c) noexcept {
   return of(c);
 }
 
+// Counter classes of other components (the hook provider's counters). Written rarely (once per
+// class, under class_mu), read lock-free: an entry is complete before n_classes publishes it.
+constexpr int max_classes = 8;  // the hook needs one; room for a few more components
+struct cntr_class {
+  std::atomic<const fi_ops*> ops{nullptr};
+  std::atomic<compcntr_fi_cntr_class_get> get{nullptr};
+};
+cntr_class classes[max_classes];
+std::atomic<int> n_classes{0};
+std::mutex class_mu;
+
+compcntr_comp_cntr* from_class(fid_cntr* c) noexcept {
+  if (c == nullptr || c->fid.fclass != FI_CLASS_CNTR) return nullptr;
+  const int n = n_classes.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (classes[i].ops.load(std::memory_order_relaxed) == c->fid.ops)
+      return classes[i].get.load(std::memory_order_relaxed)(c);
+  return nullptr;
+}
+
 int from_errno(int err) noexcept {
   switch (err) {
     case ENOTSUP: return -FI_EOPNOTSUPP;
@@ -338,10 +359,25 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
   return 0;
 }
 
+int compcntr_fi_register_cntr_class(const struct fi_ops* fid_ops, compcntr_fi_cntr_class_get get) {
+  if (fid_ops == nullptr || get == nullptr) return fail(EINVAL, "compcntr_fi_register_cntr_class: NULL argument");
+  std::lock_guard lk(class_mu);
+  const int n = n_classes.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i)
+    if (classes[i].ops.load(std::memory_order_relaxed) == fid_ops) return 0;
+  if (n == max_classes) return fail(ENOSPC, "compcntr_fi_register_cntr_class: %d classes already", n);
+  classes[n].ops.store(fid_ops, std::memory_order_relaxed);
+  classes[n].get.store(get, std::memory_order_relaxed);
+  n_classes.store(n + 1, std::memory_order_release);
+  return 0;
+}
+
 struct compcntr_comp_cntr* compcntr_fi_cntr_comp_cntr(struct fid_cntr* cntr) {
   adapter* a = adapter_of(cntr);
   if (a == nullptr) {
-    fail(EINVAL, cntr ? "compcntr_fi_cntr_comp_cntr: not a counter opened by compcntr_fi_cntr_open"
+    if (compcntr_comp_cntr* cc = from_class(cntr)) return cc;
+    fail(EINVAL, cntr ? "compcntr_fi_cntr_comp_cntr: not a counter opened by compcntr_fi_cntr_open "
+                        "nor by the hook provider (FI_HOOK=compcntr)"
                       : "compcntr_fi_cntr_comp_cntr: cntr is NULL");
     errno = EINVAL;
     return nullptr;

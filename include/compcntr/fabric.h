@@ -58,9 +58,10 @@ extern "C" {
 int compcntr_fi_cntr_open(struct compcntr_device *dev, struct fi_cntr_attr *attr,
                           struct fid_cntr **cntr, void *context);
 
-/* The compcntr counter behind an adapter counter (owned by it: do not destroy it). NULL with
- * errno EINVAL for NULL or for any fid_cntr not opened by compcntr_fi_cntr_open (a provider's
- * counter is recognised by its ops table without reading past struct fid_cntr). */
+/* The compcntr counter behind an adapter counter, or behind an application's counter under the
+ * hook provider (FI_HOOK=compcntr, docs/hook.md); owned by that counter: do not destroy it. NULL
+ * with errno EINVAL for NULL or for any other fid_cntr (a provider's counter is recognised by its
+ * ops table without reading past struct fid_cntr). */
 struct compcntr_comp_cntr *compcntr_fi_cntr_comp_cntr(struct fid_cntr *cntr);
 
 /* fi_trywait(3) for adapter counters opened with FI_WAIT_FD (libfabric's fi_trywait belongs
@@ -154,6 +155,57 @@ int compcntr_fi_bridge_query_stats(struct compcntr_fi_bridge *br,
 /* Closes the bridge (never the CQ) and ends its bindings. Entries still in the CQ stay there.
  * No other thread may be inside compcntr_fi_bridge_progress on it. EINVAL for NULL. */
 int compcntr_fi_bridge_close(struct compcntr_fi_bridge *br);
+
+/* ---- provider-counter mirror ------------------------------------------------------------ */
+
+/* Mirrors a provider's fid_cntr -- bound by the application with fi_ep_bind or fi_mr_bind --
+ * into a compcntr counter. The provider's counter is the only complete record of what it counts:
+ * operations that write no CQ entry (FI_SELECTIVE_COMPLETION), remote RMA events
+ * (FI_REMOTE_WRITE / FI_REMOTE_READ with FI_RMA_EVENT), and errors. Each progress call reads it
+ * (fi_cntr_read and fi_cntr_readerr, which run the provider's progress) and adds what the
+ * completion and the error value gained since the previous read to cc's completion and error
+ * values: never twice, never lost, under any number of concurrent progress calls; wrap-safe
+ * (gains are computed modulo 2^value_bits). The provider values at open are the baseline.
+ * The mirror only reads the provider counter: do not fi_cntr_set it while mirrored (a value
+ * that moves backwards is read as "nothing new" until it passes the last value mirrored). */
+struct compcntr_fi_mirror;
+
+enum {
+	COMPCNTR_FI_MIRROR_ATTR_VALUE_BITS = 1u << 0, /* value_bits is valid */
+};
+
+struct compcntr_fi_mirror_attr {
+	uint32_t comp_mask;   /* COMPCNTR_FI_MIRROR_ATTR_* bits */
+	uint32_t value_bits;  /* width of the provider's values: 64 (default; util counters of tcp,
+	                       * udp, shm, rxm, rxd, verbs, efa) or 32 (the sockets provider, whose
+	                       * counters are int32 in libfabric 1.17); 8..64 accepted */
+};
+
+/* NULL + errno: EINVAL (NULL argument, a fid that is not FI_CLASS_CNTR), ENOMEM.
+ * cc must stay alive until the mirror is closed; the provider counter too. */
+struct compcntr_fi_mirror *compcntr_fi_mirror_open(struct fid_cntr *provider_cntr,
+                                                   struct compcntr_comp_cntr *cc);
+/* As compcntr_fi_mirror_open with attributes (attr NULL: defaults). EINVAL also for an unknown
+ * comp_mask bit or value_bits outside 8..64. */
+struct compcntr_fi_mirror *compcntr_fi_mirror_open_ex(struct fid_cntr *provider_cntr,
+                                                      struct compcntr_comp_cntr *cc,
+                                                      const struct compcntr_fi_mirror_attr *attr);
+
+/* Reads the provider counter (driving its progress) and adds what it gained to cc. 0, or
+ * -FI_EINVAL for NULL. When it returns, cc includes at least everything the provider counter
+ * showed when the call began (a concurrent call may be the one that added it: it has finished
+ * adding when this one returns). Thread-safe; the provider's own threading rules apply to the
+ * fi_cntr_read it makes. */
+int compcntr_fi_mirror_progress(struct compcntr_fi_mirror *m);
+
+/* A compcntr_progress_fn calling compcntr_fi_mirror_progress((struct compcntr_fi_mirror *)m):
+ * the progress hook of a compcntr wait on cc, so the waiter drives the provider:
+ *     struct compcntr_wait_attr wa = { .progress = compcntr_fi_mirror_progress_fn, .progress_ctx = m }; */
+void compcntr_fi_mirror_progress_fn(void *m);
+
+/* Frees the mirror (never the provider counter nor cc). No other thread may be inside
+ * compcntr_fi_mirror_progress on it. EINVAL for NULL. */
+int compcntr_fi_mirror_close(struct compcntr_fi_mirror *m);
 
 /* The sentence naming the cause of the last failed compcntr_fi_* call in this thread. */
 const char *compcntr_fi_last_error(void);

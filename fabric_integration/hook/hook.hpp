@@ -1,0 +1,146 @@
+// The compcntr hook provider (libcompcntr-fi.so, provider name ofi_hook_compcntr): internals
+// shared by its translation units. Reference: docs/hook.md.
+//
+// How the hook sits in libfabric (1.17, learned from src/fabric.c): libfabric dlopens every
+// *-fi.so of FI_PROVIDER_PATH (default $libdir/libfabric), calls fi_prov_ini(), and a provider
+// whose getinfo is NULL is a hook. With FI_HOOK=compcntr, every successful fi_fabric() calls our
+// fabric(attr, &fabric, hooked_provider) with attr->fabric the provider's fabric; whatever we
+// store in *fabric is what the application gets.
+//
+// Installing in place. Debian's libfabric exports no hook framework, and wrapping every object
+// class (as libfabric's in-tree hooks do) would put a hop on every data-path call and require
+// translating every fid the application passes or receives (CQ/EQ entries, AV, MR descriptors).
+// Instead the hook keeps the provider's objects and replaces only their ops-table *pointers*
+// with copies in which the few entries it owns are wrapped; every other entry is the provider's
+// own function pointer, so all of it passes straight through with no extra call:
+//   fabric:  domain, domain2 (to install on domains), trywait (mixed compcntr/provider fids)
+//   domain:  cntr_open (compcntr counters), endpoint, endpoint2, scalable_ep, srx_ctx, poll_open,
+//            mr reg/regv/regattr (to install on what they return), fid control (FI_QUEUE_WORK),
+//            fid close (bookkeeping)
+//   ep:      fid bind (counters -> hidden provider counter), fid control (re-install after
+//            FI_ENABLE), tx_ctx / rx_ctx, and the *msg data calls (sendmsg, writemsg, ...) only to
+//            translate FI_TRIGGER contexts naming a compcntr counter
+//   mr:      fid bind (counters);   pollset: poll_add / poll_del (counters)
+// A wrapper finds the provider's table from the copy it is called through (the copy records
+// its original), so no lookup happens on any call.
+#ifndef COMPCNTR_FABRIC_HOOK_HPP
+#define COMPCNTR_FABRIC_HOOK_HPP
+
+#include <compcntr/fabric.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/providers/fi_prov.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+
+namespace compcntr_hook {
+
+/// This provider (for fi_log and fi_param).
+fi_provider& self() noexcept;
+
+/// Settings read from the environment once, when libfabric loads the hook.
+struct config {
+  bool progress_thread = false;       ///< COMPCNTR_FI_PROGRESS_THREAD=1
+  std::int64_t wait_spin_ns = 100'000;  ///< COMPCNTR_FI_WAIT_SPIN_US (default 100)
+  std::uint32_t progress_idle_us = 1000;  ///< COMPCNTR_FI_PROGRESS_IDLE_US: progress thread's
+                                          ///< sleep between rounds once idle for 10 ms
+  std::string stats_path;             ///< COMPCNTR_FI_HOOK_STATS
+};
+const config& cfg() noexcept;
+
+/// Process-wide statistics (the COMPCNTR_FI_HOOK_STATS line). Relaxed RMWs, off the hot paths;
+/// per-read counts live in each counter and are summed when it closes.
+struct statistics {
+  std::atomic<std::uint64_t> fabrics{0}, domains{0}, cntr_open{0}, cntr_served{0}, cntr_open_refused{0},
+      cntr_bound{0}, cntr_closed{0}, reads{0}, readerrs{0}, waits{0}, trywaits{0},
+      triggers_translated{0}, work_translated{0}, fd_waits{0};
+};
+statistics& stats() noexcept;
+void write_stats() noexcept;  ///< once per process (cleanup or module destructor)
+
+/// The compcntr device every hook counter lives on ("soft": software counters in the pool).
+compcntr_device* device() noexcept;
+
+/// What the hook records about each fabric it was installed on.
+struct fabric_state {
+  fid_fabric* fabric = nullptr;
+  const fi_provider* prov = nullptr;  ///< the provider under the hook
+  std::string prov_name;
+  bool sockets = false;  ///< the sockets provider: its counter semantics differ (hook_cntr.cpp)
+};
+struct domain_state {
+  fid_domain* domain = nullptr;
+  fabric_state* fabric = nullptr;
+  const fi_ops_domain* orig = nullptr;  ///< the provider's domain ops (to open hidden counters)
+  bool progress_thread = false;  ///< the progress thread drives this domain's counters (it was
+                                 ///< opened FI_THREAD_SAFE)
+  bool auto_progress = false;    ///< data_progress FI_PROGRESS_AUTO (sockets: the provider's own
+                                 ///< thread moves data; a waiter must not spin against it)
+};
+
+fabric_state* find_fabric(fid_fabric* f) noexcept;
+domain_state* find_domain(fid_domain* d) noexcept;
+
+// ---- counters (hook_cntr.cpp) ----------------------------------------------------------------
+
+struct hook_cntr;
+/// The hook counter behind `f`, or nullptr if `f` is not one (reads only the fid header).
+hook_cntr* as_hook_cntr(const fid* f) noexcept;
+/// The provider counter a hook counter stands for (never nullptr for a live counter).
+fid_cntr* hidden_of(hook_cntr* c) noexcept;
+/// A successful bind of the hidden counter (statistics; progress bookkeeping).
+void note_bound(hook_cntr* c) noexcept;
+/// Bindings to endpoints not enabled yet: the progress thread leaves such a counter alone (a
+/// provider's endpoint cannot be progressed before fi_enable: rxm crashes). hook.cpp counts them
+/// up at fi_ep_bind and down at fi_enable or fi_close of the endpoint.
+void pending_add(hook_cntr* c, int delta) noexcept;
+/// domain ops cntr_open.
+int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept;
+/// compcntr_fi_trywait-style arming for hook counters inside the fabric's fi_trywait: collects
+/// the provider fids to pass on in `pass` (capacity `cap`, count in *npass). 0, -FI_EAGAIN,
+/// or -FI_EINVAL (a counter without FI_WAIT_FD) / -FI_ENOMEM.
+int cntr_trywait(hook_cntr* c, fid** pass, int cap, int* npass) noexcept;
+/// Drives every live counter once (the progress thread). Returns true if a value changed.
+bool progress_all() noexcept;
+/// Sum of the per-counter read counts of live counters (for the stats line at exit).
+void sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_t& waits) noexcept;
+
+// ---- installing on objects (hook.cpp) --------------------------------------------------------
+
+void install_domain(fid_domain* d, fabric_state* fs) noexcept;
+/// Installs on an endpoint (any fid_ep class); trigger_*: FI_TRIGGER among its default flags.
+void install_ep(fid_ep* ep, bool trigger_tx = false, bool trigger_rx = false) noexcept;
+
+// ---- progress thread (progress.cpp) ----------------------------------------------------------
+
+/// Control-path operations on endpoints and memory regions (enable, bind, close) exclude the
+/// progress thread's rounds: FI_THREAD_SAFE makes data calls safe beside progress, but a
+/// provider's endpoint half-way through fi_enable or fi_close must not be progressed (rxm
+/// crashes). Shared by each round of the thread, exclusive for those calls; taken only while
+/// the thread exists, so with caller progress it costs nothing.
+std::shared_mutex& control_lock() noexcept;
+class control_guard {
+ public:
+  control_guard() noexcept;
+  ~control_guard();
+  control_guard(const control_guard&) = delete;
+  control_guard& operator=(const control_guard&) = delete;
+
+ private:
+  bool held_ = false;
+};
+
+void progress_thread_start() noexcept;  ///< idempotent; only with cfg().progress_thread
+void progress_thread_stop() noexcept;   ///< idempotent; joins
+bool progress_thread_running() noexcept;
+
+}  // namespace compcntr_hook
+
+#endif
