@@ -200,6 +200,33 @@ static const char *errstr(int ret)
 	return s[k];
 }
 
+/* Completion flags in symbolic form, e.g. "FI_MSG|FI_RECV" ("0" when none). */
+static const char *flagstr(uint64_t f)
+{
+	static char s[2][256];
+	static int k;
+	static const struct { uint64_t bit; const char *name; } names[] = {
+		{FI_MSG, "FI_MSG"}, {FI_RMA, "FI_RMA"}, {FI_TAGGED, "FI_TAGGED"}, {FI_ATOMIC, "FI_ATOMIC"},
+		{FI_SEND, "FI_SEND"}, {FI_RECV, "FI_RECV"}, {FI_READ, "FI_READ"}, {FI_WRITE, "FI_WRITE"},
+		{FI_REMOTE_READ, "FI_REMOTE_READ"}, {FI_REMOTE_WRITE, "FI_REMOTE_WRITE"},
+		{FI_REMOTE_CQ_DATA, "FI_REMOTE_CQ_DATA"}, {FI_MULTI_RECV, "FI_MULTI_RECV"},
+	};
+	k ^= 1;
+	char *p = s[k];
+	size_t len = 0;
+	p[0] = 0;
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (f & names[i].bit) {
+			len += (size_t)snprintf(p + len, sizeof s[k] - len, "%s%s", len ? "|" : "", names[i].name);
+			f &= ~names[i].bit;
+		}
+	if (f)
+		snprintf(p + len, sizeof s[k] - len, "%s0x%llx", len ? "|" : "", (unsigned long long)f);
+	else if (!len)
+		snprintf(p, sizeof s[k], "0");
+	return p;
+}
+
 /* Any libfabric call that must succeed: prints call, value and reason and ends the run if not. */
 #define CHECK(a, call)                                                                 \
 	do {                                                                           \
