@@ -437,6 +437,7 @@ static void app_start(struct app *a, int argc, char **argv)
 	a->peer = FI_ADDR_UNSPEC;
 	alarm_app = a;
 	signal(SIGALRM, on_alarm);
+	signal(SIGPIPE, SIG_IGN); /* a vanished peer is an error to report, not a reason to die */
 	alarm(APP_ALARM_S);
 }
 
