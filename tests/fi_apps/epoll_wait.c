@@ -110,7 +110,6 @@ int main(int argc, char **argv)
 			    fd_cntr ? "the CQ" : "the counter");
 		}
 
-		int timeouts = 0;
 		for (int i = 1; i <= NMSG; i++) {
 			char go = 'g';
 			oob_send(a, &go, 1);
@@ -133,7 +132,6 @@ int main(int argc, char **argv)
 				if (n < 0 && errno != EINTR)
 					die(a, "epoll_wait: %s", strerror(errno));
 				if (n == 0) {
-					timeouts++;
 					die(a, "message %d: epoll_wait on the counter's fd slept %d ms with a message on its way (counter %llu)",
 					    i, APP_WAIT_MS, (unsigned long long)fi_cntr_read(c));
 				}

@@ -80,11 +80,11 @@ struct app {
 	size_t outlen;
 };
 
-static void app_finish(struct app *a, int status);
+static inline void app_finish(struct app *a, int status);
 
 /* ---- output ---------------------------------------------------------------------------- */
 
-static void app_vout(struct app *a, const char *fmt, va_list ap)
+static inline void app_vout(struct app *a, const char *fmt, va_list ap)
 {
 	int n = snprintf(a->out + a->outlen, sizeof a->out - a->outlen, "%s: ", a->tag);
 	if (n > 0 && (size_t)n < sizeof a->out - a->outlen)
@@ -96,7 +96,7 @@ static void app_vout(struct app *a, const char *fmt, va_list ap)
 		a->out[a->outlen++] = '\n';
 }
 
-__attribute__((format(printf, 2, 3))) static void out(struct app *a, const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static inline void out(struct app *a, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -104,7 +104,7 @@ __attribute__((format(printf, 2, 3))) static void out(struct app *a, const char 
 	va_end(ap);
 }
 
-__attribute__((format(printf, 2, 3), noreturn)) static void die(struct app *a, const char *fmt, ...)
+__attribute__((format(printf, 2, 3), noreturn)) static inline void die(struct app *a, const char *fmt, ...)
 {
 	char line[1024];
 	va_list ap;
@@ -117,7 +117,7 @@ __attribute__((format(printf, 2, 3), noreturn)) static void die(struct app *a, c
 }
 
 /* The name of a (negative) libfabric return value, e.g. "-FI_ETIMEDOUT", for stable output. */
-static const char *errname(int ret)
+static inline const char *errname(int ret)
 {
 	static char other[2][48];
 	static int k;
@@ -191,7 +191,7 @@ static const char *errname(int ret)
 }
 
 /* "<name> (<fi_strerror text>)" of a return value; the buffer is static (one use per line). */
-static const char *errstr(int ret)
+static inline const char *errstr(int ret)
 {
 	static char s[2][160];
 	static int k;
@@ -201,7 +201,7 @@ static const char *errstr(int ret)
 }
 
 /* Completion flags in symbolic form, e.g. "FI_MSG|FI_RECV" ("0" when none). */
-static const char *flagstr(uint64_t f)
+static inline const char *flagstr(uint64_t f)
 {
 	static char s[2][256];
 	static int k;
@@ -237,7 +237,7 @@ static const char *flagstr(uint64_t f)
 
 /* ---- out-of-band channel (socketpair) -------------------------------------------------- */
 
-static void oob_send(struct app *a, const void *buf, size_t len)
+static inline void oob_send(struct app *a, const void *buf, size_t len)
 {
 	const char *p = buf;
 	while (len) {
@@ -251,7 +251,7 @@ static void oob_send(struct app *a, const void *buf, size_t len)
 	}
 }
 
-static void oob_recv(struct app *a, void *buf, size_t len)
+static inline void oob_recv(struct app *a, void *buf, size_t len)
 {
 	char *p = buf;
 	while (len) {
@@ -271,8 +271,8 @@ static void oob_recv(struct app *a, void *buf, size_t len)
 	}
 }
 
-static void oob_send_u64(struct app *a, uint64_t v) { oob_send(a, &v, sizeof v); }
-static uint64_t oob_recv_u64(struct app *a)
+static inline void oob_send_u64(struct app *a, uint64_t v) { oob_send(a, &v, sizeof v); }
+static inline uint64_t oob_recv_u64(struct app *a)
 {
 	uint64_t v;
 	oob_recv(a, &v, sizeof v);
@@ -284,7 +284,7 @@ static uint64_t oob_recv_u64(struct app *a)
 /* One round of manual progress: read every registered counter (fi_cntr_read drives the
  * provider's progress on the endpoints bound to it) and poll every registered CQ without
  * consuming entries (count 0). */
-static void app_pump(struct app *a)
+static inline void app_pump(struct app *a)
 {
 	for (int i = 0; i < a->npump_cntr; i++)
 		(void)fi_cntr_read(a->pump_cntr[i]);
@@ -294,7 +294,7 @@ static void app_pump(struct app *a)
 	}
 }
 
-static int64_t now_ms(void)
+static inline int64_t now_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -303,7 +303,7 @@ static int64_t now_ms(void)
 
 /* Both processes meet here; each keeps driving its own progress while it waits for the other
  * (a reliable provider's acknowledgements need the receiver's progress). */
-static void app_barrier(struct app *a)
+static inline void app_barrier(struct app *a)
 {
 	char b = 'b';
 	oob_send(a, &b, 1);
@@ -341,7 +341,7 @@ static void app_barrier(struct app *a)
  * 1.17's sockets provider returns +FI_ETIMEDOUT at once from any wait with a timeout (its
  * condition-variable deadline is computed on the wrong clock), so one long wait would fail
  * there without anything being wrong with the traffic. */
-static void wait_cntr(struct app *a, struct fid_cntr *c, uint64_t threshold, const char *what)
+static inline void wait_cntr(struct app *a, struct fid_cntr *c, uint64_t threshold, const char *what)
 {
 	const int64_t deadline = now_ms() + APP_WAIT_MS;
 	int ret;
@@ -356,23 +356,9 @@ static void wait_cntr(struct app *a, struct fid_cntr *c, uint64_t threshold, con
 		    (unsigned long long)fi_cntr_read(c), (unsigned long long)fi_cntr_readerr(c));
 }
 
-/* Waits by polling fi_cntr_read (+ progress) until value + errors >= threshold (for counters
- * opened with FI_WAIT_NONE, and for errors, which fi_cntr_wait does not wait for). */
-static void poll_cntr(struct app *a, struct fid_cntr *c, uint64_t threshold, const char *what)
-{
-	const int64_t deadline = now_ms() + APP_WAIT_MS;
-	while (fi_cntr_read(c) + fi_cntr_readerr(c) < threshold) {
-		if (now_ms() > deadline)
-			die(a, "%s: value %llu + errors %llu stayed below %llu for %d ms", what,
-			    (unsigned long long)fi_cntr_read(c), (unsigned long long)fi_cntr_readerr(c),
-			    (unsigned long long)threshold, APP_WAIT_MS);
-		app_pump(a);
-	}
-}
-
 /* ---- set-up ----------------------------------------------------------------------------- */
 
-static void app_own(struct app *a, struct fid *f)
+static inline void app_own(struct app *a, struct fid *f)
 {
 	if (a->nowned == APP_MAX_FIDS)
 		die(a, "too many objects");
@@ -383,7 +369,7 @@ static struct app *alarm_app;
 
 /* SIGALRM: a process stuck past APP_ALARM_S prints what it has and why it stops (write(2) is
  * async-signal-safe; the report channel is not used, so the server marks the client as lost). */
-static void on_alarm(int sig)
+static inline void on_alarm(int sig)
 {
 	(void)sig;
 	static const char msg[] = ": FAILED: still running after the alarm; stopped\n";
@@ -395,14 +381,14 @@ static void on_alarm(int sig)
 	_exit(3);
 }
 
-static void usage(const char *prog)
+static inline void usage(const char *prog)
 {
 	fprintf(stderr, "usage: %s -p <provider>   (e.g. \"tcp;ofi_rxm\", \"udp;ofi_rxd\", shm, sockets)\n", prog);
 	exit(2);
 }
 
 /* Parses -p, forks, and returns in both processes (a->role says which). */
-static void app_start(struct app *a, int argc, char **argv)
+static inline void app_start(struct app *a, int argc, char **argv)
 {
 	memset(a, 0, sizeof *a);
 	a->prog = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
@@ -443,7 +429,7 @@ static void app_start(struct app *a, int argc, char **argv)
 
 /* Hints every program starts from: an RDM endpoint of the requested provider, the memory
  * registration modes a portable application supports, FI_CONTEXT operation contexts. */
-static struct fi_info *app_hints(struct app *a, uint64_t caps)
+static inline struct fi_info *app_hints(struct app *a, uint64_t caps)
 {
 	if (a->hints)
 		fi_freeinfo(a->hints);
@@ -458,11 +444,11 @@ static struct fi_info *app_hints(struct app *a, uint64_t caps)
 	return a->hints;
 }
 
-static int app_is_ip(const struct app *a) { return strcmp(a->prov, "shm") != 0; }
+static inline int app_is_ip(const struct app *a) { return strcmp(a->prov, "shm") != 0; }
 
 /* fi_getinfo with the current hints; returns its result (0 or -FI_E*) so a program can report
  * a missing capability instead of failing. */
-static int app_getinfo(struct app *a)
+static inline int app_getinfo(struct app *a)
 {
 	if (a->info) {
 		fi_freeinfo(a->info);
@@ -474,7 +460,7 @@ static int app_getinfo(struct app *a)
 }
 
 /* Fabric, domain and address vector of a->info. */
-static void app_open(struct app *a)
+static inline void app_open(struct app *a)
 {
 	CHECK(a, fi_fabric(a->info->fabric_attr, &a->fabric, NULL));
 	app_own(a, &a->fabric->fid);
@@ -486,7 +472,7 @@ static void app_open(struct app *a)
 }
 
 /* fi_cntr_open, counted; returns the result for programs that report refusals. */
-static int app_cntr_try(struct app *a, enum fi_wait_obj wait, struct fid_cntr **c)
+static inline int app_cntr_try(struct app *a, enum fi_wait_obj wait, struct fid_cntr **c)
 {
 	struct fi_cntr_attr attr = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = wait};
 	a->cntr_opens++;
@@ -500,7 +486,7 @@ static int app_cntr_try(struct app *a, enum fi_wait_obj wait, struct fid_cntr **
 	return ret;
 }
 
-static struct fid_cntr *app_cntr(struct app *a, enum fi_wait_obj wait, const char *what)
+static inline struct fid_cntr *app_cntr(struct app *a, enum fi_wait_obj wait, const char *what)
 {
 	struct fid_cntr *c;
 	int ret = app_cntr_try(a, wait, &c);
@@ -509,7 +495,7 @@ static struct fid_cntr *app_cntr(struct app *a, enum fi_wait_obj wait, const cha
 	return c;
 }
 
-static struct fid_cq *app_cq(struct app *a, enum fi_wait_obj wait)
+static inline struct fid_cq *app_cq(struct app *a, enum fi_wait_obj wait)
 {
 	struct fi_cq_attr attr = {.format = FI_CQ_FORMAT_DATA, .size = 256, .wait_obj = wait};
 	struct fid_cq *cq;
@@ -520,14 +506,14 @@ static struct fid_cq *app_cq(struct app *a, enum fi_wait_obj wait)
 	return cq;
 }
 
-static void app_endpoint(struct app *a)
+static inline void app_endpoint(struct app *a)
 {
 	CHECK(a, fi_endpoint(a->domain, a->info, &a->ep, NULL));
 	app_own(a, &a->ep->fid);
 	CHECK(a, fi_ep_bind(a->ep, &a->av->fid, 0));
 }
 
-static void app_bind(struct app *a, struct fid *f, uint64_t flags, const char *what)
+static inline void app_bind(struct app *a, struct fid *f, uint64_t flags, const char *what)
 {
 	int ret = fi_ep_bind(a->ep, f, flags);
 	if (ret)
@@ -535,7 +521,7 @@ static void app_bind(struct app *a, struct fid *f, uint64_t flags, const char *w
 }
 
 /* Enables the endpoint and exchanges names with the peer process; a->peer is then usable. */
-static void app_connect(struct app *a)
+static inline void app_connect(struct app *a)
 {
 	CHECK(a, fi_enable(a->ep));
 	char name[256];
@@ -563,7 +549,7 @@ struct app_buf {
 	uint64_t key;
 };
 
-static void app_mr(struct app *a, struct app_buf *b, size_t len, uint64_t access)
+static inline void app_mr(struct app *a, struct app_buf *b, size_t len, uint64_t access)
 {
 	if (posix_memalign((void **)&b->p, 4096, len))
 		die(a, "posix_memalign(%zu) failed", len);
@@ -577,7 +563,7 @@ static void app_mr(struct app *a, struct app_buf *b, size_t len, uint64_t access
 }
 
 /* Remote address of offset `off` in the peer's buffer at `base` (virtual or offset-based). */
-static uint64_t app_raddr(const struct app *a, uint64_t base, uint64_t off)
+static inline uint64_t app_raddr(const struct app *a, uint64_t base, uint64_t off)
 {
 	return ((a->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? base : 0) + off;
 }
@@ -587,7 +573,7 @@ static uint64_t app_raddr(const struct app *a, uint64_t base, uint64_t off)
 /* Closes everything (reverse order of opening), prints "fi_cntr_open calls", and hands the
  * output over: the client sends its lines to the server and exits; the server prints its
  * lines, then the client's, and exits with the worse of the two statuses. Never returns. */
-static void app_finish(struct app *a, int status)
+static inline void app_finish(struct app *a, int status)
 {
 	static int finishing;
 	if (!finishing) {
