@@ -1,5 +1,5 @@
 // false_sharing_probe: does a counter 64 bytes away from another one slow it down, compared with
-// 128 bytes away? The measurement behind compcntr::false_sharing_range (modules/cache_padded.cppm).
+// 128 bytes away? The measurement behind compcntr::false_sharing_range (modules/core/cache_padded.cppm).
 //
 // Two threads, pinned to CPUs 0 and 1, each do a locked increment (std::atomic fetch_add, seq_cst;
 // `lock inc` or `lock xadd`) on their own 8-byte counter. Layouts (byte offsets of the two from a

@@ -1,0 +1,242 @@
+// compcntr:pool -- where slots live: NUMA-aware arenas and lock-free per-node free lists.
+//
+// Purpose: hand out and take back 128-byte counter slots (the "mirrors"), placed on a NUMA node,
+// without a lock on the create/destroy path. Knows nothing about devices or waiting.
+//
+// Structure:
+//   * topology: an hwloc topology loaded once per pool (the real machine, honouring hwloc's own
+//     HWLOC_SYNTHETIC / HWLOC_XMLFILE variables, or a synthetic description / XML file given in
+//     pool_config). Nodes are named by their OS index (the kernel's node number, as in numactl,
+//     /sys/devices/system/node and hwloc_get_area_memlocation).
+//   * arenas: blocks of arena_slots() slots, each allocated for one node with
+//     hwloc_alloc_membind(nodeset, HWLOC_MEMBIND_BIND) and grown on demand. A slot's index is
+//     arena * arena_slots() + position; arenas are never freed before the pool dies, so a slot
+//     pointer or index stays dereferenceable (a stale one is recognised by its generation).
+//     A slot is constructed when first handed out, so an arena's pages become resident only as
+//     its slots are used: resident pool memory is 128 B per slot ever used (plus at most one
+//     partly used page per node), not per slot reserved.
+//   * per node: a Treiber stack of free slot indices (head = 32-bit tag << 32 | index + 1, the tag
+//     defeats ABA) and a bump word (arena + 1) << 32 | next position for never-used slots of the
+//     node's current arena.
+//
+// Placement: allocate(-1) uses the node local to the CPU the calling thread runs on (of the
+// NUMA nodes whose cpuset holds that CPU, the one with the smallest cpuset: a package's DRAM
+// rather than a CPU-less memory node attached to the whole machine; CPUs the topology does not
+// know go to the first node); allocate(n) uses OS node n, EINVAL if the topology has no node n. The CPU comes from the kernel's rseq area (what glibc's
+// sched_getcpu() and hwloc_get_last_cpu_location(HWLOC_CPUBIND_THREAD) return on Linux, read in
+// ~0.2 ns; sched_getcpu() itself is the fallback), or from pool_config::current_cpu. It is read
+// on every allocation, never cached: it costs less than a cache lookup and is never stale after a
+// thread re-binds itself. A one-node topology skips it entirely.
+//
+// When the chosen node has no free slot: (1) take a never-used slot of its current arena, (2)
+// grow it by one arena if the arena budget allows, (3) otherwise take a free slot of another node
+// (the slot reports its real node through slot::numa_node; so does compcntr_comp_cntr_numa_node).
+// The arena budget is ceil(capacity / arena_slots) + nodes - 1 arenas: every node can get an
+// arena of its own, and the address space reserved never exceeds that budget times
+// arena_slots * 128 bytes, i.e. less than (capacity + nodes * arena_slots) * 128 bytes (resident
+// memory follows the slots really used, see "arenas" above). Step (3) only happens once that budget is spent; it always finds a slot because the
+// budget covers `capacity` slots.
+//
+// Requirements: a slot is released exactly once, by the owner that allocated it.
+// Guarantees:
+//   * allocate() and release() are lock-free: a handful of atomic RMWs (capacity reservation, one
+//     CAS on a node's free list or one fetch_add on its bump word). Creating an arena takes a
+//     mutex, once per arena_slots() slots of a node.
+//   * a slot handed out reads value 0, errors 0, refs 1, watch 0, hw nullptr (reset_slot,
+//     compcntr:lifetime); its generation is left alone (the lifetime unit bumps it before the
+//     release).
+//   * capacity is exact: at most capacity() slots are live at once; one more is ENOMEM and
+//     changes nothing. The check is a CAS loop on the live count, so a create fails only if
+//     capacity() slots were live (or being created) at the moment it looked.
+//   * a failed arena allocation consumes nothing (ENOMEM; the next call tries again).
+// Memory binding: arenas are bound with hwloc when the topology is the running system and the
+// OS supports binding. On synthetic or XML topologies (or if binding is refused) arenas are plain
+// page-aligned memory; the pool reports that through memory_bound() / status(), and the slots
+// still report the node they were assigned to (placement logic is the same, memory is not moved).
+//
+// Example (internal; devices own a pool):
+//     compcntr::detail::slot_pool pool(compcntr::detail::pool_config{
+//         .capacity = 1000, .synthetic = "pack:2 numa:1 core:2 pu:1"});
+//     std::error_code ec;
+//     compcntr::detail::slot* s = pool.allocate(1, ec);   // on node 1
+//     pool.release(*s);
+module;
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <system_error>
+export module compcntr:pool;
+import :cache_padded;
+import :slot;
+
+export namespace compcntr::detail {
+
+/// How a slot_pool finds its topology and the calling thread's CPU (tests inject both).
+struct pool_config {
+  /// Maximum live slots (the device's max_counters), clamped to slot_pool::max_capacity.
+  std::uint32_t capacity = 1u << 20;
+  /// An hwloc synthetic description ("pack:2 numa:1 core:4 pu:1"); nullptr: not used.
+  const char* synthetic = nullptr;
+  /// An hwloc XML topology file; nullptr: not used. Ignored if `synthetic` is set.
+  const char* xml_file = nullptr;
+  /// The OS index of the PU the calling thread runs on; nullptr: the real one (rseq).
+  int (*current_cpu)() noexcept = nullptr;
+  /// Slots per arena (rounded up to a power of two, at most 4096); 0: automatic (4096, or
+  /// less for small capacities, down to one 4 KiB page of slots).
+  std::uint32_t arena_slots = 0;
+  /// Fault injection for tests: called before each arena allocation; true simulates ENOMEM.
+  bool (*fail_arena_alloc)() noexcept = nullptr;
+};
+
+/// The hwloc side of a pool (topology, node sets, arena memory). Defined in src/core/numa_topology.cpp.
+struct numa_topology;
+
+}  // namespace compcntr::detail
+
+// Internal to the library (module linkage, not exported): the hwloc calls of src/core/numa_topology.cpp.
+namespace compcntr::detail {
+/// OS index of the CPU the calling thread runs on (rseq cpu_id, else sched_getcpu()).
+int real_current_cpu() noexcept;
+/// Loads the topology described by cfg (nullptr only when out of memory). Never fails otherwise:
+/// if hwloc cannot load it, the result has no hwloc topology and describes why.
+numa_topology* load_numa_topology(const pool_config& cfg) noexcept;
+void destroy_numa_topology(numa_topology* t) noexcept;
+/// NUMA nodes (0 if hwloc failed), and the OS index of dense node `dense`.
+int numa_topology_nodes(const numa_topology* t) noexcept;
+int numa_topology_node_os_index(const numa_topology* t, int dense) noexcept;
+/// Highest PU OS index of the topology (-1 if none), and the dense node local to PU `cpu` (-1).
+int numa_topology_max_cpu(const numa_topology* t) noexcept;
+int numa_topology_node_of_cpu(const numa_topology* t, int cpu) noexcept;
+bool numa_topology_can_bind(const numa_topology* t) noexcept;
+std::string numa_topology_describe(const numa_topology* t);
+/// Page-aligned memory for an arena of dense node `dense`; `bound` tells whether the OS bound it.
+void* numa_topology_alloc(numa_topology* t, int dense, std::size_t bytes, bool& bound) noexcept;
+void numa_topology_free(numa_topology* t, void* p, std::size_t bytes) noexcept;
+void* numa_topology_hwloc(const numa_topology* t) noexcept;
+}  // namespace compcntr::detail
+
+export namespace compcntr::detail {
+
+class slot_pool {
+ public:
+  /// Default slots per arena: 4096 x 128 B = 512 KiB, large enough to amortise hwloc allocation
+  /// and binding (one mmap + mbind per arena), small enough that an idle node pins little.
+  static constexpr std::uint32_t default_arena_slots = 4096;
+  /// Hard upper bound on capacity (index space; a free-list link is index + 1 in 32 bits).
+  static constexpr std::uint32_t max_capacity = 0xfffff000u;
+
+  /// A pool over the real machine's topology (or HWLOC_SYNTHETIC / HWLOC_XMLFILE if set).
+  explicit slot_pool(std::uint32_t capacity) noexcept;
+  explicit slot_pool(const pool_config& config) noexcept;
+  ~slot_pool();
+  slot_pool(const slot_pool&) = delete;
+  slot_pool& operator=(const slot_pool&) = delete;
+
+  /// A reset slot (refs == 1), or nullptr with ec set: EINVAL (numa_node >= 0 is not a node of
+  /// the topology), ENOMEM (capacity() slots live, or no memory for a new arena). `numa_node`
+  /// < 0 means the node of the calling thread's CPU.
+  /// Memory ordering: the reservation is a relaxed CAS on the live count; taking a free slot is
+  /// an acquire CAS on the node's free-list head (pairs with release()'s release CAS, so the
+  /// previous owner's writes, including its generation bump, happen-before the new owner's use);
+  /// taking a never-used slot is an acquire fetch_add on the node's bump word (pairs with the
+  /// release store that published the arena). The slot is then reset with relaxed stores
+  /// except refs (release: see reset_slot) and handed to the caller.
+  slot* allocate(int numa_node, std::error_code& ec) noexcept;
+
+  /// Returns `s` to its node's free list (the generation bump before it is compcntr:lifetime's).
+  /// Memory ordering: a release CAS pushing the slot (publishes every write of the owner, the
+  /// generation bump included, to the next allocate() of the slot), then a release decrement of
+  /// the live count.
+  void release(slot& s) noexcept;
+
+  /// The slot at `index` (live or not), or nullptr if no arena holds that index.
+  /// Memory ordering: acquire load of the arena pointer.
+  inline slot* find(std::uint32_t index) const noexcept {
+    const std::uint32_t a = index >> arena_shift_;
+    if (a >= arena_budget_) return nullptr;
+    slot* base = arenas_[a].base.load(std::memory_order_acquire);
+    return base ? base + (index & (arena_slots_ - 1)) : nullptr;
+  }
+
+  // (Member functions defined in a class of a named module are not implicitly inline in C++20:
+  // the hot ones say `inline` so importers can inline them.)
+  inline std::uint32_t capacity() const noexcept { return capacity_; }
+  /// Slots live or being created (relaxed snapshot).
+  inline std::uint32_t live() const noexcept { return live_->load(std::memory_order_relaxed); }
+
+  /// Number of NUMA nodes, and the OS index of the i-th (0 <= i < numa_nodes(), ascending).
+  inline int numa_nodes() const noexcept { return node_count_; }
+  inline int numa_node_id(int i) const noexcept { return nodes_[i].os_index; }
+  /// Whether OS node `os_index` exists in the topology.
+  inline bool has_numa_node(int os_index) const noexcept { return dense_node(os_index) >= 0; }
+  /// The node allocate(-1) would pick for the calling thread now (OS index).
+  inline int current_numa_node() const noexcept { return nodes_[current_dense_node()].os_index; }
+
+  /// Slots per arena (a power of two), arenas created so far, and the bytes they hold.
+  inline std::uint32_t arena_slots() const noexcept { return arena_slots_; }
+  inline std::uint32_t arenas() const noexcept { return arenas_used_.load(std::memory_order_acquire); }
+  inline std::size_t arena_bytes() const noexcept { return std::size_t{arenas()} * arena_slots_ * sizeof(slot); }
+  /// Most arenas this pool will ever create (see the file comment).
+  inline std::uint32_t arena_budget() const noexcept { return arena_budget_; }
+  /// True while every arena created so far is really bound to its node (false on synthetic or
+  /// XML topologies, or when the OS refused a binding). status() says why.
+  inline bool memory_bound() const noexcept { return unbound_arenas_.load(std::memory_order_acquire) == 0 && binding_supported_; }
+  /// Whether the topology can bind memory at all (it is this system and hwloc supports binding).
+  inline bool binding_supported() const noexcept { return binding_supported_; }
+  /// A sentence describing the topology and binding state (for logs and error reports).
+  std::string status() const;
+  /// The hwloc_topology_t of the pool (nullptr if hwloc failed; the pool then has one node and
+  /// plain memory). For diagnostics and tests: do not modify it.
+  void* hwloc_topology() const noexcept;
+
+ private:
+  struct arena_entry {
+    std::atomic<slot*> base{nullptr};
+    int node = 0;  ///< dense node index; written before `base` is published
+  };
+  /// Per node: the free-list head and the bump word on lines of their own.
+  struct node_state {
+    cache_padded<std::atomic<std::uint64_t>> free_head;  ///< tag << 32 | (index + 1); 0 = empty
+    cache_padded<std::atomic<std::uint64_t>> bump;       ///< (arena + 1) << 32 | next position
+    int os_index = 0;
+  };
+  enum class grow_result { grown, retry, no_budget, no_memory };
+
+  inline int dense_node(int os_index) const noexcept {
+    if (os_index < 0 || os_index >= os_to_dense_size_) return -1;
+    return os_to_dense_[os_index];
+  }
+  int current_dense_node() const noexcept;
+  bool reserve() noexcept;
+  slot* take(int node, std::error_code& ec) noexcept;
+  slot* pop_free(node_state& n) noexcept;
+  void push_free(node_state& n, slot& s) noexcept;
+  slot* bump_slot(node_state& n, std::uint64_t& seen) noexcept;
+  grow_result grow(int node, std::uint64_t seen, slot*& out) noexcept;
+  slot* construct_slot(void* where, std::uint32_t index, int node) noexcept;
+
+  std::uint32_t capacity_ = 0;
+  std::uint32_t arena_slots_ = default_arena_slots;
+  std::uint32_t arena_shift_ = 12;
+  std::uint32_t arena_budget_ = 0;
+  int node_count_ = 1;
+  bool binding_supported_ = false;
+  int (*current_cpu_)() noexcept = nullptr;
+  bool (*fail_arena_alloc_)() noexcept = nullptr;
+  std::unique_ptr<node_state[]> nodes_;
+  std::unique_ptr<std::int16_t[]> cpu_to_dense_;  ///< PU OS index -> dense node
+  int cpu_to_dense_size_ = 0;
+  std::unique_ptr<std::int16_t[]> os_to_dense_;   ///< node OS index -> dense node, -1: none
+  int os_to_dense_size_ = 0;
+  std::unique_ptr<arena_entry[]> arenas_;         ///< arena_budget_ entries
+  numa_topology* topo_ = nullptr;
+  cache_padded<std::atomic<std::uint32_t>> live_;  ///< slots live or being created
+  std::atomic<std::uint32_t> arenas_used_{0};      ///< written under grow_
+  std::atomic<std::uint32_t> unbound_arenas_{0};
+  mutable std::mutex grow_;                        ///< arena creation (and status()) only
+};
+
+}  // namespace compcntr::detail

@@ -1,0 +1,60 @@
+// The defaults of the device seam (compcntr:backend): what a counter backend does unless it
+// overrides it, which backend a device name opens, and the pool capacity of a new device.
+module;
+#include "compcntr_config.h"
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <system_error>
+module compcntr;
+
+namespace compcntr::detail {
+
+std::error_code backend::check_type(counter_type type) const noexcept {
+  if (type == counter_type::wrs || type == counter_type::bytes) return {};
+  return fail(EINVAL, "unknown counter type %u", static_cast<unsigned>(type));
+}
+
+std::error_code backend::bind_counter(slot&) noexcept { return {}; }
+
+void backend::unbind_counter(slot&) noexcept {}
+
+void backend::query_values(std::span<slot* const> slots, counter_values* out) noexcept {
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    slot& s = *slots[i];
+    if (s.hw != nullptr && s.hw->refresh != nullptr) s.hw->refresh(s);
+    out[i] = counter_values{s.load_value(), s.load_errors()};
+  }
+}
+
+std::unique_ptr<backend> open_backend(std::string_view name, std::error_code& ec) noexcept {
+  if (name == "soft") return make_soft_backend();
+  if (name.empty() || name == "auto") {
+    // A native device if one opens; otherwise the software device, which always works.
+    std::error_code native_ec;
+    if (auto be = open_verbs_backend({}, native_ec)) return be;
+    return make_soft_backend();
+  }
+  return open_verbs_backend(name, ec);
+}
+
+std::error_code max_counters_from_env(std::uint32_t& out) noexcept {
+  const char* env = std::getenv("COMPCNTR_MAX_COUNTERS");
+  if (env == nullptr || *env == '\0') {
+    out = default_max_counters;
+    return {};
+  }
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(env, &end, 0);
+  if (errno != 0 || *end != '\0' || env[0] == '-' || v == 0 || v > slot_pool::max_capacity)
+    return fail(EINVAL, "open_device: COMPCNTR_MAX_COUNTERS='%s' is not a number in 1..%u", env,
+                slot_pool::max_capacity);
+  out = static_cast<std::uint32_t>(v);
+  return {};
+}
+
+}  // namespace compcntr::detail

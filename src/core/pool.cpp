@@ -1,0 +1,281 @@
+// Slot pool (compcntr:pool): per-node tagged Treiber stacks of slot indices and bump words over
+// arenas created on demand. The hwloc calls live in src/core/numa_topology.cpp.
+module;
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <system_error>
+#include <type_traits>
+module compcntr;
+
+namespace compcntr::detail {
+
+namespace {
+constexpr std::uint64_t pack(std::uint32_t hi, std::uint32_t lo) noexcept {
+  return (std::uint64_t{hi} << 32) | lo;
+}
+constexpr std::uint32_t lo_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>(w); }
+constexpr std::uint32_t hi_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>(w >> 32); }
+
+std::uint32_t round_up_pow2(std::uint32_t v) noexcept {
+  std::uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+}  // namespace
+
+slot_pool::slot_pool(std::uint32_t capacity) noexcept : slot_pool(pool_config{.capacity = capacity}) {}
+
+slot_pool::slot_pool(const pool_config& cfg) noexcept
+    : capacity_(cfg.capacity > max_capacity ? max_capacity : cfg.capacity),
+      current_cpu_(cfg.current_cpu),
+      fail_arena_alloc_(cfg.fail_arena_alloc) {
+  topo_ = load_numa_topology(cfg);
+  const int topo_nodes = numa_topology_nodes(topo_);
+  node_count_ = topo_nodes > 0 ? topo_nodes : 1;
+  binding_supported_ = numa_topology_can_bind(topo_);
+
+  // Arena size: the configured one, else 4096 slots, less for small pools (never below one
+  // 4 KiB page: memory is bound per page).
+  constexpr std::uint32_t page_slots = 4096 / sizeof(slot);
+  std::uint32_t want = cfg.arena_slots;
+  if (want == 0) want = capacity_ < page_slots ? page_slots : capacity_;
+  if (want > default_arena_slots) want = default_arena_slots;
+  arena_slots_ = round_up_pow2(want);
+  arena_shift_ = 0;
+  while ((1u << arena_shift_) < arena_slots_) ++arena_shift_;
+
+  // Budget: capacity_ slots, plus room for every other node to own one arena; indices must stay
+  // below 2^32 - 1 (a free-list link is index + 1).
+  std::uint64_t budget = capacity_ == 0 ? 0
+      : (std::uint64_t{capacity_} + arena_slots_ - 1) / arena_slots_ + static_cast<std::uint64_t>(node_count_ - 1);
+  const std::uint64_t index_limit = 0xffffffffull / arena_slots_;
+  if (budget > index_limit) budget = index_limit;  // still >= ceil(capacity_ / arena_slots_)
+  arena_budget_ = static_cast<std::uint32_t>(budget);
+
+  nodes_.reset(new (std::nothrow) node_state[static_cast<std::size_t>(node_count_)]);
+  arenas_.reset(new (std::nothrow) arena_entry[arena_budget_ ? arena_budget_ : 1]);
+  int max_os = 0;
+  for (int i = 0; i < topo_nodes; ++i)
+    if (numa_topology_node_os_index(topo_, i) > max_os) max_os = numa_topology_node_os_index(topo_, i);
+  os_to_dense_.reset(new (std::nothrow) std::int16_t[static_cast<std::size_t>(max_os) + 1]);
+  const int max_cpu = numa_topology_max_cpu(topo_);
+  cpu_to_dense_.reset(new (std::nothrow) std::int16_t[static_cast<std::size_t>(max_cpu < 0 ? 0 : max_cpu) + 1]);
+  if (!nodes_ || !arenas_ || !os_to_dense_ || !cpu_to_dense_) {
+    // Out of memory at device open: a pool that refuses every allocation (ENOMEM).
+    if (!nodes_) nodes_.reset(new (std::nothrow) node_state[1]);
+    node_count_ = 1;
+    capacity_ = arena_budget_ = 0;
+    os_to_dense_size_ = cpu_to_dense_size_ = 0;
+    return;
+  }
+  os_to_dense_size_ = max_os + 1;
+  for (int i = 0; i < os_to_dense_size_; ++i) os_to_dense_[i] = -1;
+  if (topo_nodes == 0) {
+    os_to_dense_[0] = 0;  // hwloc failed: one node, called 0
+    nodes_[0].os_index = 0;
+  }
+  for (int i = 0; i < topo_nodes; ++i) {
+    nodes_[i].os_index = numa_topology_node_os_index(topo_, i);
+    os_to_dense_[nodes_[i].os_index] = static_cast<std::int16_t>(i);
+  }
+  cpu_to_dense_size_ = max_cpu + 1;
+  for (int c = 0; c < cpu_to_dense_size_; ++c) {
+    const int d = numa_topology_node_of_cpu(topo_, c);
+    cpu_to_dense_[c] = static_cast<std::int16_t>(d < 0 ? 0 : d);  // CPU without a node: node 0
+  }
+}
+
+slot_pool::~slot_pool() {
+  const std::uint32_t used = arenas_used_.load(std::memory_order_acquire);
+  const std::size_t bytes = std::size_t{arena_slots_} * sizeof(slot);
+  static_assert(std::is_trivially_destructible_v<slot>, "arenas are freed without destructor calls");
+  for (std::uint32_t a = 0; a < used; ++a)
+    numa_topology_free(topo_, arenas_[a].base.load(std::memory_order_relaxed), bytes);
+  destroy_numa_topology(topo_);
+}
+
+int slot_pool::current_dense_node() const noexcept {
+  if (node_count_ == 1) return 0;
+  const int cpu = current_cpu_ ? current_cpu_() : real_current_cpu();
+  if (cpu < 0 || cpu >= cpu_to_dense_size_) return 0;  // a CPU the topology does not know
+  return cpu_to_dense_[cpu];
+}
+
+void* slot_pool::hwloc_topology() const noexcept { return numa_topology_hwloc(topo_); }
+
+std::string slot_pool::status() const {
+  std::lock_guard lock(grow_);
+  const std::uint32_t used = arenas_used_.load(std::memory_order_relaxed);
+  const std::uint32_t unbound = unbound_arenas_.load(std::memory_order_relaxed);
+  std::string s = numa_topology_describe(topo_);
+  s += "; " + std::to_string(used) + " arena(s) of " + std::to_string(arena_slots_) + " slots";
+  if (binding_supported_ && unbound != 0)
+    s += ", " + std::to_string(unbound) + " of them not bound (the OS refused the binding)";
+  return s;
+}
+
+bool slot_pool::reserve() noexcept {
+  // A CAS loop rather than fetch_add + undo: a transient over-count by a refused caller could
+  // otherwise refuse another caller while fewer than capacity_ slots are live.
+  std::uint32_t n = live_->load(std::memory_order_relaxed);
+  do {
+    if (n >= capacity_) return false;
+  } while (!live_->compare_exchange_weak(n, n + 1, std::memory_order_relaxed, std::memory_order_relaxed));
+  return true;
+}
+
+slot* slot_pool::pop_free(node_state& n) noexcept {
+  std::uint64_t head = n.free_head->load(std::memory_order_acquire);
+  while (lo_of(head) != 0) {
+    slot* s = find(lo_of(head) - 1);
+    // Safe even if `s` was popped (and reused) by another thread meanwhile: arenas are never
+    // freed, next_free is atomic, and the tag makes the CAS fail if the head changed in any way
+    // since we read it (ABA). A 32-bit tag can only be fooled by a thread stalled between its load
+    // and its CAS while exactly a multiple of 2^32 pushes and pops hit this node.
+    const std::uint32_t next = s->next_free.load(std::memory_order_relaxed);
+    if (n.free_head->compare_exchange_weak(head, pack(hi_of(head) + 1, next),
+                                           std::memory_order_acquire, std::memory_order_acquire)) {
+      // The next pop will chase `next`: start its two cache misses now (a cold free list is a
+      // linked list through 128 MB for a million counters; each hop is a dependent DRAM load).
+      if (const slot* n2 = next != 0 ? find(next - 1) : nullptr) {
+        __builtin_prefetch(n2, 1, 3);
+        __builtin_prefetch(reinterpret_cast<const char*>(n2) + cache_line_size, 1, 3);
+      }
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+void slot_pool::push_free(node_state& n, slot& s) noexcept {
+  std::uint64_t head = n.free_head->load(std::memory_order_relaxed);
+  do {
+    s.next_free.store(lo_of(head), std::memory_order_relaxed);
+  } while (!n.free_head->compare_exchange_weak(head, pack(hi_of(head) + 1, s.index + 1),
+                                               std::memory_order_release, std::memory_order_relaxed));
+}
+
+slot* slot_pool::bump_slot(node_state& n, std::uint64_t& seen) noexcept {
+  // Look before the fetch_add: an exhausted word is not incremented further, so its position
+  // field exceeds arena_slots_ by at most the number of threads racing here (no overflow into
+  // the arena field, however long the budget stays spent).
+  std::uint64_t w = n.bump->load(std::memory_order_acquire);
+  seen = w;
+  if (hi_of(w) == 0 || lo_of(w) >= arena_slots_) return nullptr;
+  w = n.bump->fetch_add(1, std::memory_order_acquire);
+  seen = w;
+  if (lo_of(w) >= arena_slots_) return nullptr;
+  // The acquire above pairs with grow()'s release store of this word: the arena is visible.
+  const std::uint32_t a = hi_of(w) - 1;
+  return construct_slot(arenas_[a].base.load(std::memory_order_relaxed) + lo_of(w),
+                        a * arena_slots_ + lo_of(w), arenas_[a].node);
+}
+
+slot* slot_pool::construct_slot(void* where, std::uint32_t index, int node) noexcept {
+  slot* s = new (where) slot;
+  s->index = index;
+  s->numa_node = nodes_[node].os_index;  // fixed for the slot's life
+  return s;
+}
+
+slot_pool::grow_result slot_pool::grow(int node, std::uint64_t seen, slot*& out) noexcept {
+  node_state& n = nodes_[node];
+  std::lock_guard lock(grow_);
+  // The arena field of a bump word only changes under grow_, so this is exact.
+  if (hi_of(n.bump->load(std::memory_order_relaxed)) != hi_of(seen)) return grow_result::retry;
+  const std::uint32_t a = arenas_used_.load(std::memory_order_relaxed);
+  if (a >= arena_budget_) return grow_result::no_budget;
+  if (fail_arena_alloc_ && fail_arena_alloc_()) return grow_result::no_memory;
+  const std::size_t bytes = std::size_t{arena_slots_} * sizeof(slot);
+  bool bound = false;
+  void* mem = numa_topology_alloc(topo_, node, bytes, bound);
+  if (!mem) return grow_result::no_memory;  // nothing consumed: the next call tries again
+  // Slots are constructed one by one as bump_slot() hands them out, not here: an arena's pages
+  // are only touched (and resident) once used, so resident memory is 128 B per slot ever used,
+  // and the critical section stays short.
+  slot* base = construct_slot(mem, a * arena_slots_, node);
+  if (!bound) unbound_arenas_.fetch_add(1, std::memory_order_relaxed);
+  arenas_[a].node = node;
+  arenas_[a].base.store(base, std::memory_order_release);
+  arenas_used_.store(a + 1, std::memory_order_release);
+  // Publish the arena to bump_slot(): position 0 is ours. fetch_adds racing on the exhausted
+  // old word all fail (position >= arena_slots_) and are overwritten here.
+  n.bump->store(pack(a + 1, 1), std::memory_order_release);
+  out = base;
+  return grow_result::grown;
+}
+
+slot* slot_pool::take(int node, std::error_code& ec) noexcept {
+  node_state& n = nodes_[node];
+  grow_result g;
+  for (;;) {
+    if (slot* s = pop_free(n)) return s;
+    std::uint64_t seen = 0;
+    if (slot* s = bump_slot(n, seen)) return s;
+    slot* s = nullptr;
+    g = grow(node, seen, s);
+    if (g == grow_result::grown) return s;
+    if (g != grow_result::retry) break;
+  }
+  // The node cannot grow: take a free or never-used slot of any node, nearest-numbered first.
+  for (;;) {
+    for (int k = 1; k <= node_count_; ++k) {
+      node_state& o = nodes_[(node + k) % node_count_];
+      if (slot* s = pop_free(o)) return s;
+      std::uint64_t seen = 0;
+      if (slot* s = bump_slot(o, seen)) return s;
+    }
+    if (g == grow_result::no_memory) {
+      fail_into(ec, ENOMEM, "out of memory for a new arena of %u counter slots (%zu bytes) on NUMA node %d",
+                arena_slots_, std::size_t{arena_slots_} * sizeof(slot), nodes_[node].os_index);
+      return nullptr;
+    }
+    // no_budget: the arenas hold >= capacity_ slots and our reservation guarantees one of them
+    // is free or never used; another thread took the one we were about to see. Look again
+    // (lock-free: we only loop because other allocations complete).
+  }
+}
+
+slot* slot_pool::allocate(int numa_node, std::error_code& ec) noexcept {
+  int node;
+  if (numa_node < 0) {
+    node = current_dense_node();
+  } else if ((node = dense_node(numa_node)) < 0) {
+    char list[128];
+    int len = 0;
+    for (int i = 0; i < node_count_ && len < 100; ++i)
+      len += std::snprintf(list + len, sizeof list - static_cast<std::size_t>(len), "%s%d", i ? "," : "",
+                           nodes_[i].os_index);
+    fail_into(ec, EINVAL, "NUMA node %d does not exist (this device's topology has node(s) %s)",
+              numa_node, list);
+    return nullptr;
+  }
+  if (!reserve()) {
+    fail_into(ec, ENOMEM, "counter pool is full: %u counters live (max_counters; set "
+              "COMPCNTR_MAX_COUNTERS before opening the device to change it)", capacity_);
+    return nullptr;
+  }
+  slot* s = take(node, ec);
+  if (!s) {
+    live_->fetch_sub(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  reset_slot(*s);
+  return s;
+}
+
+void slot_pool::release(slot& s) noexcept {
+  // arenas_[..].node was written before the arena was published, which happens-before this
+  // slot was handed out and therefore before its release.
+  push_free(nodes_[arenas_[s.index >> arena_shift_].node], s);
+  live_->fetch_sub(1, std::memory_order_release);
+}
+
+}  // namespace compcntr::detail

@@ -1,0 +1,172 @@
+// The slot extension block: a counter's pollable fd and the poll_any calls asleep on it.
+//
+// Allocated on first need (pollable_fd, or a poll_any that goes to sleep on the counter),
+// published in slot::ext with a CAS, freed when the counter is destroyed. The increment path
+// only comes here when slot::watch says so (watch_fd_armed, watch_pollers).
+module;
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <system_error>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include "core/wait/futex.hpp"
+module compcntr;
+
+namespace compcntr::detail {
+
+struct slot_ext {
+  /// Guards `pollers` (and fd creation). Held by an updater only while a poll_any sleeps on
+  /// the counter, for as long as it takes to bump (and maybe FUTEX_WAKE) each poller.
+  std::mutex mu;
+  poll_link* pollers = nullptr;            ///< doubly linked list of registered poll_any calls
+  std::atomic<int> fd{-1};                 ///< eventfd, -1 until pollable_fd()
+  std::atomic<bool> fd_signaled{false};    ///< written since the last arm drained it
+};
+
+namespace {
+
+slot_ext* ensure_ext(slot& s) noexcept {
+  slot_ext* e = s.ext.load(std::memory_order_acquire);
+  if (e != nullptr) return e;
+  auto* fresh = new (std::nothrow) slot_ext;
+  if (fresh == nullptr) return nullptr;
+  // Release publishes the constructed block; a loser deletes its copy and uses the winner's.
+  if (s.ext.compare_exchange_strong(e, fresh, std::memory_order_acq_rel, std::memory_order_acquire))
+    return fresh;
+  delete fresh;
+  return e;
+}
+
+}  // namespace
+
+bool register_poller(poll_link& l) noexcept {
+  slot_ext* e = ensure_ext(*l.s);
+  if (e == nullptr) return false;
+  std::lock_guard lock(e->mu);
+  l.prev = nullptr;
+  l.next = e->pollers;
+  if (l.next != nullptr) l.next->prev = &l;
+  e->pollers = &l;
+  l.linked = true;
+  // Memory ordering: seq_cst RMW, the poller's half of the Dekker pairing with notify()
+  // (compcntr:slot). Done on every registration, not only the first, so each poller's own
+  // RMW precedes its re-check.
+  l.s->watch.fetch_or(watch_pollers, std::memory_order_seq_cst);
+  return true;
+}
+
+void unregister_poller(poll_link& l) noexcept {
+  slot_ext* e = l.s->ext.load(std::memory_order_acquire);
+  std::lock_guard lock(e->mu);
+  if (l.prev != nullptr) l.prev->next = l.next;
+  else e->pollers = l.next;
+  if (l.next != nullptr) l.next->prev = l.prev;
+  l.prev = l.next = nullptr;
+  l.linked = false;
+  // Under the lock, so it cannot race with a registration setting the bit again.
+  if (e->pollers == nullptr) l.s->watch.fetch_and(~watch_pollers, std::memory_order_seq_cst);
+}
+
+void notify_ext(slot& s, std::uint32_t w) noexcept {
+  slot_ext* e = s.ext.load(std::memory_order_acquire);
+  if (e == nullptr) return;
+  if ((w & watch_fd_armed) != 0 &&
+      (s.watch.fetch_and(~watch_fd_armed, std::memory_order_acq_rel) & watch_fd_armed) != 0) {
+    // One-shot: only the update that clears the bit writes, later ones pay nothing.
+    // Write first, then mark: an arm_fd that runs between the two finds nothing to drain yet
+    // leaves this readiness for the next arm to drain (one spurious wake-up at most). Marking
+    // first would let that arm clear the mark before the write lands, and no later arm would
+    // ever drain the fd: it would stay readable and an epoll loop would spin.
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(e->fd.load(std::memory_order_acquire), &one, sizeof one);
+    e->fd_signaled.store(true, std::memory_order_release);
+  }
+  if ((w & watch_pollers) != 0) {
+    std::lock_guard lock(e->mu);
+    for (poll_link* l = e->pollers; l != nullptr; l = l->next) {
+      poll_waiter& pw = *l->waiter;
+      // Dekker with the poller: bump, then look whether it sleeps (seq_cst both).
+      pw.seq.fetch_add(1, std::memory_order_seq_cst);
+      if (pw.sleeping.load(std::memory_order_seq_cst) != 0) futex::wake(pw.seq, 1);
+    }
+  }
+}
+
+void free_slot_ext(slot& s) noexcept {
+  slot_ext* e = s.ext.exchange(nullptr, std::memory_order_acq_rel);
+  if (e == nullptr) return;
+  const int fd = e->fd.load(std::memory_order_relaxed);
+  if (fd >= 0) ::close(fd);
+  delete e;
+}
+
+int slot_fd(slot& s, std::error_code& ec) noexcept {
+  slot_ext* e = ensure_ext(s);
+  if (e == nullptr) {
+    fail_into(ec, ENOMEM, "get_fd: out of memory for counter %u's extension block", s.index);
+    return -1;
+  }
+  int fd = e->fd.load(std::memory_order_acquire);
+  if (fd < 0) {
+    std::lock_guard lock(e->mu);
+    fd = e->fd.load(std::memory_order_relaxed);
+    if (fd < 0) {
+      fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+      if (fd < 0) {
+        const int err = errno;
+        fail_into(ec, err, "get_fd: eventfd() failed for counter %u: %s", s.index, std::strerror(err));
+        return -1;
+      }
+      e->fd.store(fd, std::memory_order_release);
+    }
+  }
+  ec.clear();
+  return fd;
+}
+
+void arm_slot_fd(slot& s, std::error_code& ec) noexcept {
+  slot_ext* e = s.ext.load(std::memory_order_acquire);
+  const int fd = e != nullptr ? e->fd.load(std::memory_order_acquire) : -1;
+  if (fd < 0) {
+    fail_into(ec, EINVAL, "arm_fd: counter %u has no pollable fd yet (get it first: "
+              "compcntr_comp_cntr_get_fd / compcntr::pollable_fd)", s.index);
+    return;
+  }
+  // Drain the previous readiness (only if we wrote since the last drain: no syscall otherwise).
+  if (e->fd_signaled.exchange(false, std::memory_order_acq_rel)) {
+    std::uint64_t v;
+    [[maybe_unused]] const ssize_t n = ::read(fd, &v, sizeof v);
+  }
+  // Memory ordering: seq_cst RMW (seen by every later update's watch load), then a seq_cst
+  // fence so that the caller's following acquire load of the counter is ordered after it
+  // (an update this arm does not hear about is visible to that load).
+  s.watch.fetch_or(watch_fd_armed, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  ec.clear();
+}
+
+}  // namespace compcntr::detail
+
+namespace compcntr {
+
+int pollable_fd(const counter& c, std::error_code& ec) noexcept {
+  if (!c) {
+    detail::fail_into(ec, EINVAL, "get_fd: the counter is empty (moved from or destroyed)");
+    return -1;
+  }
+  return detail::slot_fd(*c.native_slot(), ec);
+}
+
+void arm_fd(const counter& c, std::error_code& ec) noexcept {
+  if (!c) {
+    detail::fail_into(ec, EINVAL, "arm_fd: the counter is empty (moved from or destroyed)");
+    return;
+  }
+  detail::arm_slot_fd(*c.native_slot(), ec);
+}
+
+}  // namespace compcntr
