@@ -16,7 +16,7 @@
 #include "fi_apps.h"
 
 #define ITERS 20
-static const size_t sizes[] = {1, 64, 4096, 32768};
+static const size_t sizes[] = { 1, 64, 4096, 32768 };
 #define MAXSZ 32768
 
 static void fill(char *p, size_t len, int who, size_t size, int iter)
@@ -72,9 +72,11 @@ int main(int argc, char **argv)
 		const size_t size = sizes[s];
 		for (int i = 0; i < ITERS; i++) {
 			if (a->role == ROLE_CLIENT) {
-				POST(a, "receive", fi_recv(a->ep, rx.p, MAXSZ, rx.desc, a->peer, &rctx));
+				POST(a, "receive",
+				     fi_recv(a->ep, rx.p, MAXSZ, rx.desc, a->peer, &rctx));
 				fill(tx.p, size, me, size, i);
-				POST(a, "ping", fi_send(a->ep, tx.p, size, tx.desc, a->peer, &tctx));
+				POST(a, "ping",
+				     fi_send(a->ep, tx.p, size, tx.desc, a->peer, &tctx));
 				wait_cntr(a, txc, ++sent, "send counter");
 				wait_cntr(a, rxc, ++received, "receive counter");
 				bad += mismatches(rx.p, size, peer, size, i);
@@ -82,19 +84,25 @@ int main(int argc, char **argv)
 				wait_cntr(a, rxc, ++received, "receive counter");
 				bad += mismatches(rx.p, size, peer, size, i);
 				/* the next ping may come as soon as the pong is out: repost first */
-				const int last = s + 1 == sizeof sizes / sizeof sizes[0] && i + 1 == ITERS;
+				const int last =
+				        s + 1 == sizeof sizes / sizeof sizes[0] && i + 1 == ITERS;
 				if (!last)
-					POST(a, "receive", fi_recv(a->ep, rx.p, MAXSZ, rx.desc, a->peer, &rctx));
+					POST(a, "receive",
+					     fi_recv(a->ep, rx.p, MAXSZ, rx.desc, a->peer, &rctx));
 				fill(tx.p, size, me, size, i);
-				POST(a, "pong", fi_send(a->ep, tx.p, size, tx.desc, a->peer, &tctx));
+				POST(a, "pong",
+				     fi_send(a->ep, tx.p, size, tx.desc, a->peer, &tctx));
 				wait_cntr(a, txc, ++sent, "send counter");
 			}
 		}
 		/* between two barriers nobody sends: the counts printed are final for this size */
 		app_barrier(a);
-		out(a, "size %zu: %d round trips; send counter %llu (errors %llu), receive counter %llu (errors %llu)",
-		    size, ITERS, (unsigned long long)fi_cntr_read(txc), (unsigned long long)fi_cntr_readerr(txc),
-		    (unsigned long long)fi_cntr_read(rxc), (unsigned long long)fi_cntr_readerr(rxc));
+		out(a,
+		    "size %zu: %d round trips; send counter %llu (errors %llu), receive counter "
+		    "%llu (errors %llu)",
+		    size, ITERS, (unsigned long long)fi_cntr_read(txc),
+		    (unsigned long long)fi_cntr_readerr(txc), (unsigned long long)fi_cntr_read(rxc),
+		    (unsigned long long)fi_cntr_readerr(rxc));
 		app_barrier(a);
 	}
 	out(a, "payload bytes that differ from what the peer sent: %zu", bad);
@@ -104,15 +112,19 @@ int main(int argc, char **argv)
 	 * Not on shm: libfabric 1.17's shm counters wait with a yield loop that ignores the
 	 * timeout (util_wait_yield_run), so this wait would never return there. */
 	if (strcmp(a->prov, "shm") == 0) {
-		out(a, "fi_cntr_wait beyond the last message: not tried on shm (its wait ignores the timeout)");
+		out(a, "fi_cntr_wait beyond the last message: not tried on shm (its wait ignores "
+		       "the timeout)");
 	} else {
 		ret = fi_cntr_wait(rxc, received + 1, 20);
-		out(a, "fi_cntr_wait(receive counter, %llu, 20 ms) = %s; value then %llu, errors %llu",
-		    (unsigned long long)received + 1, errname(ret), (unsigned long long)fi_cntr_read(rxc),
+		out(a,
+		    "fi_cntr_wait(receive counter, %llu, 20 ms) = %s; value then %llu, errors %llu",
+		    (unsigned long long)received + 1, errname(ret),
+		    (unsigned long long)fi_cntr_read(rxc),
 		    (unsigned long long)fi_cntr_readerr(rxc));
 	}
 	ret = fi_cntr_wait(txc, sent, 0);
-	out(a, "fi_cntr_wait(send counter, %llu, 0 ms) = %s", (unsigned long long)sent, errname(ret));
+	out(a, "fi_cntr_wait(send counter, %llu, 0 ms) = %s", (unsigned long long)sent,
+	    errname(ret));
 	struct fi_cq_data_entry e;
 	ret = (int)fi_cq_read(cq, &e, 1);
 	out(a, "fi_cq_read on the selective CQ = %s", errname(ret));

@@ -41,25 +41,34 @@ int main(int argc, char **argv)
 		fd_cntr = ret == 0;
 		if (ret) {
 			c = app_cntr(a, FI_WAIT_UNSPEC, "receive counter, FI_WAIT_UNSPEC");
-			out(a, "fi_control(counter, FI_GETWAIT): not called (the counter has no FD wait object)");
+			out(a, "fi_control(counter, FI_GETWAIT): not called (the counter has no FD "
+			       "wait object)");
 		} else {
 			ret = fi_control(&c->fid, FI_GETWAIT, &fd);
 			out(a, "fi_control(counter, FI_GETWAIT) = %s%s", errname(ret),
-			    ret ? "" : fd >= 0 ? "; an fd" : "; a negative fd");
+			    ret       ? ""
+			    : fd >= 0 ? "; an fd"
+			              : "; a negative fd");
 			if (ret || fd < 0)
 				fd = -1;
 		}
-		struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .size = 256, .wait_obj = FI_WAIT_FD};
+		struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_DATA,
+			                      .size = 256,
+			                      .wait_obj = FI_WAIT_FD };
 		ret = fi_cq_open(a->domain, &cq_attr, &cq, NULL);
 		out(a, "fi_cq_open(FI_WAIT_FD) = %s", errname(ret));
 		if (ret) {
 			cq = app_cq(a, FI_WAIT_NONE);
-			out(a, "fi_control(CQ, FI_GETWAIT): not called (the CQ has no FD wait object)");
+			out(a, "fi_control(CQ, FI_GETWAIT): not called (the CQ has no FD wait "
+			       "object)");
 		} else {
 			app_own(a, &cq->fid);
 			a->pump_cq[a->npump_cq++] = cq;
 			ret = fi_control(&cq->fid, FI_GETWAIT, &cqfd);
-			out(a, "fi_control(CQ, FI_GETWAIT) = %s%s", errname(ret), ret ? "" : cqfd >= 0 ? "; an fd" : "; a negative fd");
+			out(a, "fi_control(CQ, FI_GETWAIT) = %s%s", errname(ret),
+			    ret         ? ""
+			    : cqfd >= 0 ? "; an fd"
+			                : "; a negative fd");
 			have_cq_fd = ret == 0 && cqfd >= 0;
 		}
 	} else {
@@ -67,7 +76,8 @@ int main(int argc, char **argv)
 		cq = app_cq(a, FI_WAIT_NONE);
 	}
 	app_endpoint(a);
-	app_bind(a, &cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION, "CQ, FI_SELECTIVE_COMPLETION");
+	app_bind(a, &cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION,
+	         "CQ, FI_SELECTIVE_COMPLETION");
 	app_bind(a, &c->fid, a->role == ROLE_SERVER ? FI_RECV : FI_SEND, "counter");
 	app_connect(a);
 
@@ -77,11 +87,12 @@ int main(int argc, char **argv)
 
 	if (a->role == ROLE_SERVER) {
 		for (int i = 0; i < NMSG; i++)
-			POST(a, "receive", fi_recv(a->ep, buf.p + i * MSGSZ, MSGSZ, buf.desc, a->peer, &ctx[i]));
+			POST(a, "receive",
+			     fi_recv(a->ep, buf.p + i * MSGSZ, MSGSZ, buf.desc, a->peer, &ctx[i]));
 		int epfd = -1;
 		if (fd >= 0) {
 			epfd = epoll_create1(EPOLL_CLOEXEC);
-			struct epoll_event ev = {.events = EPOLLIN};
+			struct epoll_event ev = { .events = EPOLLIN };
 			if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev))
 				die(a, "epoll on the counter's fd: %s", strerror(errno));
 		}
@@ -89,7 +100,7 @@ int main(int argc, char **argv)
 
 		/* fi_trywait only on objects with an FD wait object: libfabric 1.17 calls a NULL
 		 * function (SIGSEGV) for shm's FI_WAIT_UNSPEC counter */
-		struct fid *fids[2] = {&c->fid, &cq->fid};
+		struct fid *fids[2] = { &c->fid, &cq->fid };
 		if (fd_cntr) {
 			ret = fi_trywait(a->fabric, fids, 1);
 			out(a, "nothing sent: fi_trywait(counter) = %s", errname(ret));
@@ -98,7 +109,8 @@ int main(int argc, char **argv)
 		}
 		if (epfd >= 0) {
 			struct epoll_event ev;
-			out(a, "nothing sent: epoll_wait(counter fd, 0 ms) = %d", epoll_wait(epfd, &ev, 1, 0));
+			out(a, "nothing sent: epoll_wait(counter fd, 0 ms) = %d",
+			    epoll_wait(epfd, &ev, 1, 0));
 		} else {
 			out(a, "nothing sent: epoll_wait(counter fd, 0 ms): no fd");
 		}
@@ -106,7 +118,9 @@ int main(int argc, char **argv)
 			ret = fi_trywait(a->fabric, fids, 2);
 			out(a, "nothing sent: fi_trywait(counter, CQ) = %s", errname(ret));
 		} else {
-			out(a, "nothing sent: fi_trywait(counter, CQ): not called (no FD wait object on %s)",
+			out(a,
+			    "nothing sent: fi_trywait(counter, CQ): not called (no FD wait object "
+			    "on %s)",
 			    fd_cntr ? "the CQ" : "the counter");
 		}
 
@@ -126,13 +140,16 @@ int main(int argc, char **argv)
 				if (ret == -FI_EAGAIN)
 					continue;
 				if (ret)
-					die(a, "message %d: fi_trywait(counter) = %s", i, errstr(ret));
+					die(a, "message %d: fi_trywait(counter) = %s", i,
+					    errstr(ret));
 				struct epoll_event ev;
 				int n = epoll_wait(epfd, &ev, 1, APP_WAIT_MS);
 				if (n < 0 && errno != EINTR)
 					die(a, "epoll_wait: %s", strerror(errno));
 				if (n == 0) {
-					die(a, "message %d: epoll_wait on the counter's fd slept %d ms with a message on its way (counter %llu)",
+					die(a,
+					    "message %d: epoll_wait on the counter's fd slept %d "
+					    "ms with a message on its way (counter %llu)",
 					    i, APP_WAIT_MS, (unsigned long long)fi_cntr_read(c));
 				}
 			}
@@ -140,9 +157,12 @@ int main(int argc, char **argv)
 		size_t bad = 0;
 		for (size_t i = 0; i < NMSG * MSGSZ; i++)
 			bad += buf.p[i] != (char)(i ^ 0x5a);
-		out(a, "%d messages received %s; receive counter %llu (errors %llu); payload bytes that differ: %zu",
+		out(a,
+		    "%d messages received %s; receive counter %llu (errors %llu); payload bytes "
+		    "that differ: %zu",
 		    NMSG, epfd >= 0 ? "through fi_trywait + epoll_wait" : "through fi_cntr_wait",
-		    (unsigned long long)fi_cntr_read(c), (unsigned long long)fi_cntr_readerr(c), bad);
+		    (unsigned long long)fi_cntr_read(c), (unsigned long long)fi_cntr_readerr(c),
+		    bad);
 		if (epfd >= 0)
 			close(epfd);
 	} else {
@@ -154,7 +174,7 @@ int main(int argc, char **argv)
 			/* progress our side while the server is not ready (acknowledgements) */
 			const int64_t deadline = now_ms() + APP_WAIT_MS;
 			for (;;) {
-				struct pollfd pfd = {.fd = a->sock, .events = POLLIN};
+				struct pollfd pfd = { .fd = a->sock, .events = POLLIN };
 				if (poll(&pfd, 1, 1) > 0)
 					break;
 				if (now_ms() > deadline)
@@ -162,11 +182,13 @@ int main(int argc, char **argv)
 				app_pump(a);
 			}
 			oob_recv(a, &go, 1);
-			POST(a, "send", fi_send(a->ep, buf.p + (i - 1) * MSGSZ, MSGSZ, buf.desc, a->peer, &ctx[i - 1]));
+			POST(a, "send",
+			     fi_send(a->ep, buf.p + (i - 1) * MSGSZ, MSGSZ, buf.desc, a->peer,
+			             &ctx[i - 1]));
 			wait_cntr(a, c, (uint64_t)i, "send counter");
 		}
-		out(a, "%d messages sent; send counter %llu (errors %llu)", NMSG, (unsigned long long)fi_cntr_read(c),
-		    (unsigned long long)fi_cntr_readerr(c));
+		out(a, "%d messages sent; send counter %llu (errors %llu)", NMSG,
+		    (unsigned long long)fi_cntr_read(c), (unsigned long long)fi_cntr_readerr(c));
 	}
 	app_barrier(a);
 	app_finish(a, 0);

@@ -48,7 +48,8 @@
 
 #define APP_WAIT_MS 10000  /* any single wait: far above a loopback round trip, bounds a hang */
 #define APP_ALARM_S 60     /* whole process: a safety net behind the per-wait timeouts */
-#define APP_OUT_MAX 32768  /* buffered output per process; below a pipe's 64 KiB so the client's
+#define APP_OUT_MAX                                                                                \
+	32768  /* buffered output per process; below a pipe's 64 KiB so the client's
                               report never blocks (the programs print a few dozen lines) */
 #define APP_MAX_FIDS 64
 
@@ -59,10 +60,10 @@ struct app {
 	const char *prog;
 	int role;
 	const char *tag;           /* "server" / "client" */
-	int sock;                  /* socketpair end shared with the peer process */
-	int report;                /* pipe: client writes its output, server reads it at the end */
-	pid_t child;               /* server only */
-	int cntr_opens;            /* fi_cntr_open calls made */
+	int sock;           /* socketpair end shared with the peer process */
+	int report; /* pipe: client writes its output, server reads it at the end */
+	pid_t child; /* server only */
+	int cntr_opens; /* fi_cntr_open calls made */
 	struct fi_info *hints, *info;
 	struct fid_fabric *fabric;
 	struct fid_domain *domain;
@@ -104,7 +105,8 @@ __attribute__((format(printf, 2, 3))) static inline void out(struct app *a, cons
 	va_end(ap);
 }
 
-__attribute__((format(printf, 2, 3), noreturn)) static inline void die(struct app *a, const char *fmt, ...)
+__attribute__((format(printf, 2, 3), noreturn)) static inline void die(struct app *a,
+                                                                       const char *fmt, ...)
 {
 	char line[1024];
 	va_list ap;
@@ -128,61 +130,116 @@ static inline const char *errname(int ret)
 		return other[k];
 	}
 	switch (ret) {
-	case 0: return "0";
-	case -FI_EPERM: return "-FI_EPERM";
-	case -FI_ENOENT: return "-FI_ENOENT";
-	case -FI_EINTR: return "-FI_EINTR";
-	case -FI_EIO: return "-FI_EIO";
-	case -FI_E2BIG: return "-FI_E2BIG";
-	case -FI_EBADF: return "-FI_EBADF";
-	case -FI_EAGAIN: return "-FI_EAGAIN";
-	case -FI_ENOMEM: return "-FI_ENOMEM";
-	case -FI_EACCES: return "-FI_EACCES";
-	case -FI_EFAULT: return "-FI_EFAULT";
-	case -FI_EBUSY: return "-FI_EBUSY";
-	case -FI_ENODEV: return "-FI_ENODEV";
-	case -FI_EINVAL: return "-FI_EINVAL";
-	case -FI_EMFILE: return "-FI_EMFILE";
-	case -FI_ENOSPC: return "-FI_ENOSPC";
-	case -FI_ENOSYS: return "-FI_ENOSYS";
-	case -FI_ENOMSG: return "-FI_ENOMSG";
-	case -FI_ENODATA: return "-FI_ENODATA";
-	case -FI_EOVERFLOW: return "-FI_EOVERFLOW";
-	case -FI_EMSGSIZE: return "-FI_EMSGSIZE";
-	case -FI_ENOPROTOOPT: return "-FI_ENOPROTOOPT";
-	case -FI_EOPNOTSUPP: return "-FI_EOPNOTSUPP";
-	case -FI_EADDRINUSE: return "-FI_EADDRINUSE";
-	case -FI_EADDRNOTAVAIL: return "-FI_EADDRNOTAVAIL";
-	case -FI_ENETDOWN: return "-FI_ENETDOWN";
-	case -FI_ENETUNREACH: return "-FI_ENETUNREACH";
-	case -FI_ECONNABORTED: return "-FI_ECONNABORTED";
-	case -FI_ECONNRESET: return "-FI_ECONNRESET";
-	case -FI_ENOBUFS: return "-FI_ENOBUFS";
-	case -FI_EISCONN: return "-FI_EISCONN";
-	case -FI_ENOTCONN: return "-FI_ENOTCONN";
-	case -FI_ESHUTDOWN: return "-FI_ESHUTDOWN";
-	case -FI_ETIMEDOUT: return "-FI_ETIMEDOUT";
-	case -FI_ECONNREFUSED: return "-FI_ECONNREFUSED";
-	case -FI_EHOSTDOWN: return "-FI_EHOSTDOWN";
-	case -FI_EHOSTUNREACH: return "-FI_EHOSTUNREACH";
-	case -FI_EALREADY: return "-FI_EALREADY";
-	case -FI_EINPROGRESS: return "-FI_EINPROGRESS";
-	case -FI_EREMOTEIO: return "-FI_EREMOTEIO";
-	case -FI_ECANCELED: return "-FI_ECANCELED";
-	case -FI_EKEYREJECTED: return "-FI_EKEYREJECTED";
-	case -FI_EOTHER: return "-FI_EOTHER";
-	case -FI_ETOOSMALL: return "-FI_ETOOSMALL";
-	case -FI_EOPBADSTATE: return "-FI_EOPBADSTATE";
-	case -FI_EAVAIL: return "-FI_EAVAIL";
-	case -FI_EBADFLAGS: return "-FI_EBADFLAGS";
-	case -FI_ENOEQ: return "-FI_ENOEQ";
-	case -FI_EDOMAIN: return "-FI_EDOMAIN";
-	case -FI_ENOCQ: return "-FI_ENOCQ";
-	case -FI_ECRC: return "-FI_ECRC";
-	case -FI_ETRUNC: return "-FI_ETRUNC";
-	case -FI_ENOKEY: return "-FI_ENOKEY";
-	case -FI_ENOAV: return "-FI_ENOAV";
-	case -FI_EOVERRUN: return "-FI_EOVERRUN";
+	case 0:
+		return "0";
+	case -FI_EPERM:
+		return "-FI_EPERM";
+	case -FI_ENOENT:
+		return "-FI_ENOENT";
+	case -FI_EINTR:
+		return "-FI_EINTR";
+	case -FI_EIO:
+		return "-FI_EIO";
+	case -FI_E2BIG:
+		return "-FI_E2BIG";
+	case -FI_EBADF:
+		return "-FI_EBADF";
+	case -FI_EAGAIN:
+		return "-FI_EAGAIN";
+	case -FI_ENOMEM:
+		return "-FI_ENOMEM";
+	case -FI_EACCES:
+		return "-FI_EACCES";
+	case -FI_EFAULT:
+		return "-FI_EFAULT";
+	case -FI_EBUSY:
+		return "-FI_EBUSY";
+	case -FI_ENODEV:
+		return "-FI_ENODEV";
+	case -FI_EINVAL:
+		return "-FI_EINVAL";
+	case -FI_EMFILE:
+		return "-FI_EMFILE";
+	case -FI_ENOSPC:
+		return "-FI_ENOSPC";
+	case -FI_ENOSYS:
+		return "-FI_ENOSYS";
+	case -FI_ENOMSG:
+		return "-FI_ENOMSG";
+	case -FI_ENODATA:
+		return "-FI_ENODATA";
+	case -FI_EOVERFLOW:
+		return "-FI_EOVERFLOW";
+	case -FI_EMSGSIZE:
+		return "-FI_EMSGSIZE";
+	case -FI_ENOPROTOOPT:
+		return "-FI_ENOPROTOOPT";
+	case -FI_EOPNOTSUPP:
+		return "-FI_EOPNOTSUPP";
+	case -FI_EADDRINUSE:
+		return "-FI_EADDRINUSE";
+	case -FI_EADDRNOTAVAIL:
+		return "-FI_EADDRNOTAVAIL";
+	case -FI_ENETDOWN:
+		return "-FI_ENETDOWN";
+	case -FI_ENETUNREACH:
+		return "-FI_ENETUNREACH";
+	case -FI_ECONNABORTED:
+		return "-FI_ECONNABORTED";
+	case -FI_ECONNRESET:
+		return "-FI_ECONNRESET";
+	case -FI_ENOBUFS:
+		return "-FI_ENOBUFS";
+	case -FI_EISCONN:
+		return "-FI_EISCONN";
+	case -FI_ENOTCONN:
+		return "-FI_ENOTCONN";
+	case -FI_ESHUTDOWN:
+		return "-FI_ESHUTDOWN";
+	case -FI_ETIMEDOUT:
+		return "-FI_ETIMEDOUT";
+	case -FI_ECONNREFUSED:
+		return "-FI_ECONNREFUSED";
+	case -FI_EHOSTDOWN:
+		return "-FI_EHOSTDOWN";
+	case -FI_EHOSTUNREACH:
+		return "-FI_EHOSTUNREACH";
+	case -FI_EALREADY:
+		return "-FI_EALREADY";
+	case -FI_EINPROGRESS:
+		return "-FI_EINPROGRESS";
+	case -FI_EREMOTEIO:
+		return "-FI_EREMOTEIO";
+	case -FI_ECANCELED:
+		return "-FI_ECANCELED";
+	case -FI_EKEYREJECTED:
+		return "-FI_EKEYREJECTED";
+	case -FI_EOTHER:
+		return "-FI_EOTHER";
+	case -FI_ETOOSMALL:
+		return "-FI_ETOOSMALL";
+	case -FI_EOPBADSTATE:
+		return "-FI_EOPBADSTATE";
+	case -FI_EAVAIL:
+		return "-FI_EAVAIL";
+	case -FI_EBADFLAGS:
+		return "-FI_EBADFLAGS";
+	case -FI_ENOEQ:
+		return "-FI_ENOEQ";
+	case -FI_EDOMAIN:
+		return "-FI_EDOMAIN";
+	case -FI_ENOCQ:
+		return "-FI_ENOCQ";
+	case -FI_ECRC:
+		return "-FI_ECRC";
+	case -FI_ETRUNC:
+		return "-FI_ETRUNC";
+	case -FI_ENOKEY:
+		return "-FI_ENOKEY";
+	case -FI_ENOAV:
+		return "-FI_ENOAV";
+	case -FI_EOVERRUN:
+		return "-FI_EOVERRUN";
 	default:
 		k ^= 1;
 		snprintf(other[k], sizeof other[k], "%d", ret);
@@ -196,7 +253,8 @@ static inline const char *errstr(int ret)
 	static char s[2][160];
 	static int k;
 	k ^= 1;
-	snprintf(s[k], sizeof s[k], "%s (%s)", errname(ret), ret ? fi_strerror(ret < 0 ? -ret : ret) : "success");
+	snprintf(s[k], sizeof s[k], "%s (%s)", errname(ret),
+	         ret ? fi_strerror(ret < 0 ? -ret : ret) : "success");
 	return s[k];
 }
 
@@ -205,11 +263,22 @@ static inline const char *flagstr(uint64_t f)
 {
 	static char s[2][256];
 	static int k;
-	static const struct { uint64_t bit; const char *name; } names[] = {
-		{FI_MSG, "FI_MSG"}, {FI_RMA, "FI_RMA"}, {FI_TAGGED, "FI_TAGGED"}, {FI_ATOMIC, "FI_ATOMIC"},
-		{FI_SEND, "FI_SEND"}, {FI_RECV, "FI_RECV"}, {FI_READ, "FI_READ"}, {FI_WRITE, "FI_WRITE"},
-		{FI_REMOTE_READ, "FI_REMOTE_READ"}, {FI_REMOTE_WRITE, "FI_REMOTE_WRITE"},
-		{FI_REMOTE_CQ_DATA, "FI_REMOTE_CQ_DATA"}, {FI_MULTI_RECV, "FI_MULTI_RECV"},
+	static const struct {
+		uint64_t bit;
+		const char *name;
+	} names[] = {
+		{ FI_MSG, "FI_MSG" },
+		{ FI_RMA, "FI_RMA" },
+		{ FI_TAGGED, "FI_TAGGED" },
+		{ FI_ATOMIC, "FI_ATOMIC" },
+		{ FI_SEND, "FI_SEND" },
+		{ FI_RECV, "FI_RECV" },
+		{ FI_READ, "FI_READ" },
+		{ FI_WRITE, "FI_WRITE" },
+		{ FI_REMOTE_READ, "FI_REMOTE_READ" },
+		{ FI_REMOTE_WRITE, "FI_REMOTE_WRITE" },
+		{ FI_REMOTE_CQ_DATA, "FI_REMOTE_CQ_DATA" },
+		{ FI_MULTI_RECV, "FI_MULTI_RECV" },
 	};
 	k ^= 1;
 	char *p = s[k];
@@ -217,22 +286,24 @@ static inline const char *flagstr(uint64_t f)
 	p[0] = 0;
 	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
 		if (f & names[i].bit) {
-			len += (size_t)snprintf(p + len, sizeof s[k] - len, "%s%s", len ? "|" : "", names[i].name);
+			len += (size_t)snprintf(p + len, sizeof s[k] - len, "%s%s", len ? "|" : "",
+			                        names[i].name);
 			f &= ~names[i].bit;
 		}
 	if (f)
-		snprintf(p + len, sizeof s[k] - len, "%s0x%llx", len ? "|" : "", (unsigned long long)f);
+		snprintf(p + len, sizeof s[k] - len, "%s0x%llx", len ? "|" : "",
+		         (unsigned long long)f);
 	else if (!len)
 		snprintf(p, sizeof s[k], "0");
 	return p;
 }
 
 /* Any libfabric call that must succeed: prints call, value and reason and ends the run if not. */
-#define CHECK(a, call)                                                                 \
-	do {                                                                           \
-		int check_ret_ = (int)(call);                                          \
-		if (check_ret_)                                                        \
-			die((a), "%s = %s", #call, errstr(check_ret_));                \
+#define CHECK(a, call)                                                                             \
+	do {                                                                                       \
+		int check_ret_ = (int)(call);                                                      \
+		if (check_ret_)                                                                    \
+			die((a), "%s = %s", #call, errstr(check_ret_));                            \
 	} while (0)
 
 /* ---- out-of-band channel (socketpair) -------------------------------------------------- */
@@ -255,7 +326,7 @@ static inline void oob_recv(struct app *a, void *buf, size_t len)
 {
 	char *p = buf;
 	while (len) {
-		struct pollfd pfd = {.fd = a->sock, .events = POLLIN};
+		struct pollfd pfd = { .fd = a->sock, .events = POLLIN };
 		int r = poll(&pfd, 1, APP_WAIT_MS);
 		if (r == 0)
 			die(a, "out-of-band read: peer silent for %d ms", APP_WAIT_MS);
@@ -271,7 +342,10 @@ static inline void oob_recv(struct app *a, void *buf, size_t len)
 	}
 }
 
-static inline void oob_send_u64(struct app *a, uint64_t v) { oob_send(a, &v, sizeof v); }
+static inline void oob_send_u64(struct app *a, uint64_t v)
+{
+	oob_send(a, &v, sizeof v);
+}
 static inline uint64_t oob_recv_u64(struct app *a)
 {
 	uint64_t v;
@@ -309,7 +383,7 @@ static inline void app_barrier(struct app *a)
 	oob_send(a, &b, 1);
 	const int64_t deadline = now_ms() + APP_WAIT_MS;
 	for (;;) {
-		struct pollfd pfd = {.fd = a->sock, .events = POLLIN};
+		struct pollfd pfd = { .fd = a->sock, .events = POLLIN };
 		int r = poll(&pfd, 1, 1);
 		if (r > 0) {
 			ssize_t n = read(a->sock, &b, 1);
@@ -326,14 +400,14 @@ static inline void app_barrier(struct app *a)
 }
 
 /* Posts an operation, retrying -FI_EAGAIN with progress in between (bounded). */
-#define POST(a, what, call)                                                            \
-	do {                                                                           \
-		const int64_t post_deadline_ = now_ms() + APP_WAIT_MS;                 \
-		ssize_t post_ret_;                                                     \
-		while ((post_ret_ = (call)) == -FI_EAGAIN && now_ms() < post_deadline_) \
-			app_pump(a);                                                   \
-		if (post_ret_)                                                         \
-			die((a), "%s: %s = %s", (what), #call, errstr((int)post_ret_)); \
+#define POST(a, what, call)                                                                        \
+	do {                                                                                       \
+		const int64_t post_deadline_ = now_ms() + APP_WAIT_MS;                             \
+		ssize_t post_ret_;                                                                 \
+		while ((post_ret_ = (call)) == -FI_EAGAIN && now_ms() < post_deadline_)            \
+			app_pump(a);                                                               \
+		if (post_ret_)                                                                     \
+			die((a), "%s: %s = %s", (what), #call, errstr((int)post_ret_));            \
 	} while (0)
 
 /* Waits on a counter with fi_cntr_wait until APP_WAIT_MS have passed; anything but success
@@ -341,7 +415,8 @@ static inline void app_barrier(struct app *a)
  * 1.17's sockets provider returns +FI_ETIMEDOUT at once from any wait with a timeout (its
  * condition-variable deadline is computed on the wrong clock), so one long wait would fail
  * there without anything being wrong with the traffic. */
-static inline void wait_cntr(struct app *a, struct fid_cntr *c, uint64_t threshold, const char *what)
+static inline void wait_cntr(struct app *a, struct fid_cntr *c, uint64_t threshold,
+                             const char *what)
 {
 	const int64_t deadline = now_ms() + APP_WAIT_MS;
 	int ret;
@@ -375,7 +450,8 @@ static inline void on_alarm(int sig)
 	static const char msg[] = ": FAILED: still running after the alarm; stopped\n";
 	if (alarm_app) {
 		if (write(1, alarm_app->out, alarm_app->outlen) < 0 ||
-		    write(1, alarm_app->tag, strlen(alarm_app->tag)) < 0 || write(1, msg, sizeof msg - 1) < 0)
+		    write(1, alarm_app->tag, strlen(alarm_app->tag)) < 0 ||
+		    write(1, msg, sizeof msg - 1) < 0)
 			_exit(3);
 	}
 	_exit(3);
@@ -383,7 +459,9 @@ static inline void on_alarm(int sig)
 
 static inline void usage(const char *prog)
 {
-	fprintf(stderr, "usage: %s -p <provider>   (e.g. \"tcp;ofi_rxm\", \"udp;ofi_rxd\", shm, sockets)\n", prog);
+	fprintf(stderr,
+	        "usage: %s -p <provider>   (e.g. \"tcp;ofi_rxm\", \"udp;ofi_rxd\", shm, sockets)\n",
+	        prog);
 	exit(2);
 }
 
@@ -439,12 +517,16 @@ static inline struct fi_info *app_hints(struct app *a, uint64_t caps)
 	a->hints->ep_attr->type = FI_EP_RDM;
 	a->hints->caps = caps;
 	a->hints->mode = FI_CONTEXT;
-	a->hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+	a->hints->domain_attr->mr_mode =
+	        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
 	a->hints->fabric_attr->prov_name = strdup(a->prov);
 	return a->hints;
 }
 
-static inline int app_is_ip(const struct app *a) { return strcmp(a->prov, "shm") != 0; }
+static inline int app_is_ip(const struct app *a)
+{
+	return strcmp(a->prov, "shm") != 0;
+}
 
 /* fi_getinfo with the current hints; returns its result (0 or -FI_E*) so a program can report
  * a missing capability instead of failing. */
@@ -455,8 +537,8 @@ static inline int app_getinfo(struct app *a)
 		a->info = NULL;
 	}
 	int ip = app_is_ip(a);
-	return fi_getinfo(FI_VERSION(1, 17), ip ? "127.0.0.1" : NULL, NULL, ip ? FI_SOURCE : 0, a->hints,
-			  &a->info);
+	return fi_getinfo(FI_VERSION(1, 17), ip ? "127.0.0.1" : NULL, NULL, ip ? FI_SOURCE : 0,
+	                  a->hints, &a->info);
 }
 
 /* Fabric, domain and address vector of a->info. */
@@ -466,7 +548,7 @@ static inline void app_open(struct app *a)
 	app_own(a, &a->fabric->fid);
 	CHECK(a, fi_domain(a->fabric, a->info, &a->domain, NULL));
 	app_own(a, &a->domain->fid);
-	struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+	struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
 	CHECK(a, fi_av_open(a->domain, &av_attr, &a->av, NULL));
 	app_own(a, &a->av->fid);
 }
@@ -474,7 +556,7 @@ static inline void app_open(struct app *a)
 /* fi_cntr_open, counted; returns the result for programs that report refusals. */
 static inline int app_cntr_try(struct app *a, enum fi_wait_obj wait, struct fid_cntr **c)
 {
-	struct fi_cntr_attr attr = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = wait};
+	struct fi_cntr_attr attr = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = wait };
 	a->cntr_opens++;
 	*c = NULL;
 	int ret = fi_cntr_open(a->domain, &attr, c, NULL);
@@ -497,7 +579,7 @@ static inline struct fid_cntr *app_cntr(struct app *a, enum fi_wait_obj wait, co
 
 static inline struct fid_cq *app_cq(struct app *a, enum fi_wait_obj wait)
 {
-	struct fi_cq_attr attr = {.format = FI_CQ_FORMAT_DATA, .size = 256, .wait_obj = wait};
+	struct fi_cq_attr attr = { .format = FI_CQ_FORMAT_DATA, .size = 256, .wait_obj = wait };
 	struct fid_cq *cq;
 	CHECK(a, fi_cq_open(a->domain, &attr, &cq, NULL));
 	app_own(a, &cq->fid);
@@ -581,8 +663,8 @@ static inline void app_finish(struct app *a, int status)
 		for (int i = a->nowned - 1; i >= 0; i--) {
 			int ret = fi_close(a->owned[i]);
 			if (ret) {
-				out(a, "FAILED: fi_close(object %d of %d, class %d) = %s", i + 1, a->nowned,
-				    (int)a->owned[i]->fclass, errstr(ret));
+				out(a, "FAILED: fi_close(object %d of %d, class %d) = %s", i + 1,
+				    a->nowned, (int)a->owned[i]->fclass, errstr(ret));
 				status = 1;
 			}
 		}
@@ -615,7 +697,7 @@ static inline void app_finish(struct app *a, int status)
 	size_t replen = 0;
 	const int64_t deadline = now_ms() + APP_WAIT_MS + 2000;
 	for (;;) {
-		struct pollfd pfd = {.fd = a->report, .events = POLLIN};
+		struct pollfd pfd = { .fd = a->report, .events = POLLIN };
 		int64_t left = deadline - now_ms();
 		if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
 			break;
@@ -641,7 +723,8 @@ static inline void app_finish(struct app *a, int status)
 		if (wst != -1 && WIFSIGNALED(wst))
 			printf("client: FAILED: ended by signal %d\n", WTERMSIG(wst));
 		else if (cst == 0)
-			printf("client: FAILED: exit status %d\n", wst != -1 && WIFEXITED(wst) ? WEXITSTATUS(wst) : -1);
+			printf("client: FAILED: exit status %d\n",
+			       wst != -1 && WIFEXITED(wst) ? WEXITSTATUS(wst) : -1);
 		status = 1;
 	}
 	if (cst != 0)

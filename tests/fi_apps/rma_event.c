@@ -19,8 +19,14 @@
 #define BUFSZ 65536
 #define READ_OFF 32768
 
-static char wpat(size_t i) { return (char)(i * 3 + 7); }
-static char rpat(size_t i) { return (char)(i * 11 + 5); }
+static char wpat(size_t i)
+{
+	return (char)(i * 3 + 7);
+}
+static char rpat(size_t i)
+{
+	return (char)(i * 11 + 5);
+}
 
 int main(int argc, char **argv)
 {
@@ -31,14 +37,15 @@ int main(int argc, char **argv)
 	int ret = app_getinfo(a);
 	int events = ret == 0;
 	if (ret == -FI_ENODATA) {
-		out(a, "FI_RMA_EVENT not supported by %s (fi_getinfo = %s): initiator counters only", a->prov,
-		    errname(ret));
+		out(a,
+		    "FI_RMA_EVENT not supported by %s (fi_getinfo = %s): initiator counters only",
+		    a->prov, errname(ret));
 		app_hints(a, FI_MSG | FI_RMA);
 		ret = app_getinfo(a);
 	}
 	if (ret)
-		die(a, "fi_getinfo(%s, FI_EP_RDM, FI_MSG|FI_RMA%s) = %s", a->prov, events ? "|FI_RMA_EVENT" : "",
-		    errstr(ret));
+		die(a, "fi_getinfo(%s, FI_EP_RDM, FI_MSG|FI_RMA%s) = %s", a->prov,
+		    events ? "|FI_RMA_EVENT" : "", errstr(ret));
 	if (events && !(a->info->caps & FI_RMA_EVENT))
 		die(a, "fi_getinfo returned an fi_info without the FI_RMA_EVENT asked for");
 	app_open(a);
@@ -53,7 +60,8 @@ int main(int argc, char **argv)
 		mrc = app_cntr(a, FI_WAIT_UNSPEC, "memory region counter");
 	}
 	app_endpoint(a);
-	app_bind(a, &cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION, "CQ, FI_SELECTIVE_COMPLETION");
+	app_bind(a, &cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION,
+	         "CQ, FI_SELECTIVE_COMPLETION");
 	if (wc) {
 		app_bind(a, &wc->fid, FI_WRITE, "write counter, FI_WRITE");
 		app_bind(a, &rc->fid, FI_READ, "read counter, FI_READ");
@@ -70,7 +78,8 @@ int main(int argc, char **argv)
 			buf.p[READ_OFF + i] = rpat(i);
 		if (mrc) {
 			ret = fi_mr_bind(buf.mr, &mrc->fid, FI_REMOTE_WRITE);
-			out(a, "fi_mr_bind(memory region, counter, FI_REMOTE_WRITE) = %s", errname(ret));
+			out(a, "fi_mr_bind(memory region, counter, FI_REMOTE_WRITE) = %s",
+			    errname(ret));
 			mr_bound = ret == 0;
 			if (mr_bound && (a->info->domain_attr->mr_mode & FI_MR_ENDPOINT))
 				CHECK(a, fi_mr_enable(buf.mr));
@@ -88,14 +97,19 @@ int main(int argc, char **argv)
 			size_t bad = 0;
 			for (size_t i = 0; i < NWRITE * WSZ; i++)
 				bad += buf.p[i] != wpat(i);
-			out(a, "remote write counter %llu (errors %llu); bytes written that differ: %zu",
-			    (unsigned long long)fi_cntr_read(rwc), (unsigned long long)fi_cntr_readerr(rwc), bad);
+			out(a,
+			    "remote write counter %llu (errors %llu); bytes written that differ: "
+			    "%zu",
+			    (unsigned long long)fi_cntr_read(rwc),
+			    (unsigned long long)fi_cntr_readerr(rwc), bad);
 			wait_cntr(a, rrc, NREAD, "remote read counter");
-			out(a, "remote read counter %llu (errors %llu)", (unsigned long long)fi_cntr_read(rrc),
+			out(a, "remote read counter %llu (errors %llu)",
+			    (unsigned long long)fi_cntr_read(rrc),
 			    (unsigned long long)fi_cntr_readerr(rrc));
 			if (mr_bound) {
 				wait_cntr(a, mrc, NWRITE, "memory region counter");
-				out(a, "memory region counter %llu (errors %llu)", (unsigned long long)fi_cntr_read(mrc),
+				out(a, "memory region counter %llu (errors %llu)",
+				    (unsigned long long)fi_cntr_read(mrc),
 				    (unsigned long long)fi_cntr_readerr(mrc));
 			}
 		}
@@ -103,13 +117,15 @@ int main(int argc, char **argv)
 		if (events) {
 			/* nothing else arrived after the client was done */
 			out(a, "after the client finished: remote write %llu, remote read %llu%s",
-			    (unsigned long long)fi_cntr_read(rwc), (unsigned long long)fi_cntr_read(rrc),
+			    (unsigned long long)fi_cntr_read(rwc),
+			    (unsigned long long)fi_cntr_read(rrc),
 			    mr_bound ? "" : " (memory region counter not bound)");
 			if (mr_bound)
 				out(a, "after the client finished: memory region counter %llu",
 				    (unsigned long long)fi_cntr_read(mrc));
 		} else {
-			out(a, "target side: no counter can see the remote accesses; writes not checked here");
+			out(a, "target side: no counter can see the remote accesses; writes not "
+			       "checked here");
 		}
 	} else {
 		uint64_t base = oob_recv_u64(a), key = oob_recv_u64(a);
@@ -117,19 +133,25 @@ int main(int argc, char **argv)
 		for (size_t i = 0; i < NWRITE * WSZ; i++)
 			buf.p[i] = wpat(i);
 		for (int i = 0; i < NWRITE; i++)
-			POST(a, "fi_write", fi_write(a->ep, buf.p + i * WSZ, WSZ, buf.desc, a->peer,
-						     app_raddr(a, base, (uint64_t)i * WSZ), key, &ctx[i]));
+			POST(a, "fi_write",
+			     fi_write(a->ep, buf.p + i * WSZ, WSZ, buf.desc, a->peer,
+			              app_raddr(a, base, (uint64_t)i * WSZ), key, &ctx[i]));
 		wait_cntr(a, wc, NWRITE, "write counter");
 		for (int i = 0; i < NREAD; i++)
-			POST(a, "fi_read", fi_read(a->ep, buf.p + READ_OFF + i * RSZ, RSZ, buf.desc, a->peer,
-						   app_raddr(a, base, READ_OFF + (uint64_t)i * RSZ), key, &ctx[NWRITE + i]));
+			POST(a, "fi_read",
+			     fi_read(a->ep, buf.p + READ_OFF + i * RSZ, RSZ, buf.desc, a->peer,
+			             app_raddr(a, base, READ_OFF + (uint64_t)i * RSZ), key,
+			             &ctx[NWRITE + i]));
 		wait_cntr(a, rc, NREAD, "read counter");
 		size_t bad = 0;
 		for (size_t i = 0; i < NREAD * RSZ; i++)
 			bad += buf.p[READ_OFF + i] != rpat(i);
-		out(a, "write counter %llu (errors %llu); read counter %llu (errors %llu); bytes read that differ: %zu",
+		out(a,
+		    "write counter %llu (errors %llu); read counter %llu (errors %llu); bytes read "
+		    "that differ: %zu",
 		    (unsigned long long)fi_cntr_read(wc), (unsigned long long)fi_cntr_readerr(wc),
-		    (unsigned long long)fi_cntr_read(rc), (unsigned long long)fi_cntr_readerr(rc), bad);
+		    (unsigned long long)fi_cntr_read(rc), (unsigned long long)fi_cntr_readerr(rc),
+		    bad);
 		app_barrier(a);
 	}
 	struct fi_cq_data_entry e;

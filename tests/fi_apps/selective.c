@@ -21,14 +21,24 @@
 #define NMSG (NSENDMSG + NSEND + NINJECT)
 #define MSGSZ 48
 
-static int flagged_send(int i) { return i < NSENDMSG && i % 3 == 0; }
-static int flagged_recv(int i) { return i % 4 == 0; }
+static int flagged_send(int i)
+{
+	return i < NSENDMSG && i % 3 == 0;
+}
+static int flagged_recv(int i)
+{
+	return i % 4 == 0;
+}
 
-static int cmp_int(const void *x, const void *y) { return *(const int *)x - *(const int *)y; }
+static int cmp_int(const void *x, const void *y)
+{
+	return *(const int *)x - *(const int *)y;
+}
 
 /* Reads the CQ until `expect` entries came (or APP_WAIT_MS passed), prints them by operation
  * index (sorted), then prints what one more read returns. */
-static void drain(struct app *a, struct fid_cq *cq, int expect, struct fi_context *ctx, const char *what)
+static void drain(struct app *a, struct fid_cq *cq, int expect, struct fi_context *ctx,
+                  const char *what)
 {
 	int idx[NMSG], n = 0;
 	char line[1024];
@@ -42,10 +52,10 @@ static void drain(struct app *a, struct fid_cq *cq, int expect, struct fi_contex
 		if (r == -FI_EAGAIN)
 			continue;
 		if (r == -FI_EAVAIL) {
-			struct fi_cq_err_entry err = {0};
+			struct fi_cq_err_entry err = { 0 };
 			ssize_t rr = fi_cq_readerr(cq, &err, 0);
-			die(a, "%s CQ: error entry (fi_cq_readerr = %zd, err %s, flags %s)", what, rr,
-			    errname(-err.err), flagstr(err.flags));
+			die(a, "%s CQ: error entry (fi_cq_readerr = %zd, err %s, flags %s)", what,
+			    rr, errname(-err.err), flagstr(err.flags));
 		}
 		if (r != 1)
 			die(a, "%s CQ: fi_cq_read = %s", what, errstr((int)r));
@@ -59,11 +69,13 @@ static void drain(struct app *a, struct fid_cq *cq, int expect, struct fi_contex
 	}
 	qsort(idx, (size_t)n, sizeof idx[0], cmp_int);
 	for (int i = 0; i < n; i++)
-		len += (size_t)snprintf(line + len, sizeof line - len, "%s#%d", i ? " " : "", idx[i]);
+		len += (size_t)snprintf(line + len, sizeof line - len, "%s#%d", i ? " " : "",
+		                        idx[i]);
 	out(a, "%s CQ: %d entries (%d operations were flagged FI_COMPLETION): %s", what, n, expect,
 	    n ? line : "none");
 	for (int i = 0; i < n; i++)
-		out(a, "%s CQ entry #%d: len %zu, flags %s", what, idx[i], elen[idx[i]], flagstr(eflags[idx[i]]));
+		out(a, "%s CQ entry #%d: len %zu, flags %s", what, idx[i], elen[idx[i]],
+		    flagstr(eflags[idx[i]]));
 	ssize_t r = fi_cq_read(cq, e, 1);
 	out(a, "%s CQ: one more fi_cq_read = %s", what, errname((int)r));
 }
@@ -82,7 +94,8 @@ int main(int argc, char **argv)
 	struct fid_cntr *txc = app_cntr(a, FI_WAIT_UNSPEC, "send counter");
 	struct fid_cntr *rxc = app_cntr(a, FI_WAIT_UNSPEC, "receive counter");
 	app_endpoint(a);
-	app_bind(a, &cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION, "CQ, FI_SELECTIVE_COMPLETION");
+	app_bind(a, &cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION,
+	         "CQ, FI_SELECTIVE_COMPLETION");
 	app_bind(a, &txc->fid, FI_SEND, "send counter, FI_SEND");
 	app_bind(a, &rxc->fid, FI_RECV, "receive counter, FI_RECV");
 	app_connect(a);
@@ -95,11 +108,15 @@ int main(int argc, char **argv)
 	if (a->role == ROLE_SERVER) {
 		int flagged = 0;
 		for (int i = 0; i < NMSG; i++) {
-			struct iovec iov = {.iov_base = buf.p + i * MSGSZ, .iov_len = MSGSZ};
-			struct fi_msg m = {.msg_iov = &iov, .desc = &buf.desc, .iov_count = 1,
-					   .addr = a->peer, .context = &ctx[i]};
+			struct iovec iov = { .iov_base = buf.p + i * MSGSZ, .iov_len = MSGSZ };
+			struct fi_msg m = { .msg_iov = &iov,
+				            .desc = &buf.desc,
+				            .iov_count = 1,
+				            .addr = a->peer,
+				            .context = &ctx[i] };
 			flagged += flagged_recv(i);
-			POST(a, "receive", fi_recvmsg(a->ep, &m, flagged_recv(i) ? FI_COMPLETION : 0));
+			POST(a, "receive",
+			     fi_recvmsg(a->ep, &m, flagged_recv(i) ? FI_COMPLETION : 0));
 		}
 		app_barrier(a); /* receives posted */
 		wait_cntr(a, rxc, NMSG, "receive counter");
@@ -107,7 +124,8 @@ int main(int argc, char **argv)
 		for (int i = 0; i < NMSG * MSGSZ; i++)
 			bad += buf.p[i] != (char)(i * 5 + 1);
 		out(a, "receive counter %llu (errors %llu); payload bytes that differ: %zu",
-		    (unsigned long long)fi_cntr_read(rxc), (unsigned long long)fi_cntr_readerr(rxc), bad);
+		    (unsigned long long)fi_cntr_read(rxc), (unsigned long long)fi_cntr_readerr(rxc),
+		    bad);
 		drain(a, cq, flagged, ctx, "receive");
 		app_barrier(a); /* all received */
 		out(a, "send counter %llu (errors %llu)", (unsigned long long)fi_cntr_read(txc),
@@ -120,14 +138,19 @@ int main(int argc, char **argv)
 		app_barrier(a); /* receives posted */
 		int flagged = 0, i = 0;
 		for (; i < NSENDMSG; i++) {
-			struct iovec iov = {.iov_base = buf.p + i * MSGSZ, .iov_len = MSGSZ};
-			struct fi_msg m = {.msg_iov = &iov, .desc = &buf.desc, .iov_count = 1,
-					   .addr = a->peer, .context = &ctx[i]};
+			struct iovec iov = { .iov_base = buf.p + i * MSGSZ, .iov_len = MSGSZ };
+			struct fi_msg m = { .msg_iov = &iov,
+				            .desc = &buf.desc,
+				            .iov_count = 1,
+				            .addr = a->peer,
+				            .context = &ctx[i] };
 			flagged += flagged_send(i);
-			POST(a, "fi_sendmsg", fi_sendmsg(a->ep, &m, flagged_send(i) ? FI_COMPLETION : 0));
+			POST(a, "fi_sendmsg",
+			     fi_sendmsg(a->ep, &m, flagged_send(i) ? FI_COMPLETION : 0));
 		}
 		for (; i < NSENDMSG + NSEND; i++)
-			POST(a, "fi_send", fi_send(a->ep, buf.p + i * MSGSZ, MSGSZ, buf.desc, a->peer, &ctx[i]));
+			POST(a, "fi_send",
+			     fi_send(a->ep, buf.p + i * MSGSZ, MSGSZ, buf.desc, a->peer, &ctx[i]));
 		/* every operation above is counted once it completes: wait for them first */
 		wait_cntr(a, txc, NSENDMSG + NSEND, "send counter");
 		for (; i < NMSG; i++)
@@ -138,7 +161,8 @@ int main(int argc, char **argv)
 		drain(a, cq, flagged, ctx, "send");
 		out(a, "send counter %llu (errors %llu); receive counter %llu (errors %llu)",
 		    (unsigned long long)fi_cntr_read(txc), (unsigned long long)fi_cntr_readerr(txc),
-		    (unsigned long long)fi_cntr_read(rxc), (unsigned long long)fi_cntr_readerr(rxc));
+		    (unsigned long long)fi_cntr_read(rxc),
+		    (unsigned long long)fi_cntr_readerr(rxc));
 	}
 	app_barrier(a);
 	app_finish(a, 0);

@@ -41,13 +41,17 @@ static void no_trigger(struct app *a)
 	if (a->role == ROLE_CLIENT) {
 		struct fid_cntr *d = app_cntr(a, FI_WAIT_NONE, "triggering counter");
 		struct fid_cntr *x = app_cntr(a, FI_WAIT_NONE, "target counter");
-		struct fi_op_cntr op = {.cntr = x, .value = 5};
-		struct fi_deferred_work w = {.threshold = 1, .triggering_cntr = d, .completion_cntr = x,
-					     .op_type = FI_OP_CNTR_ADD, .op.cntr = &op};
+		struct fi_op_cntr op = { .cntr = x, .value = 5 };
+		struct fi_deferred_work w = { .threshold = 1,
+			                      .triggering_cntr = d,
+			                      .completion_cntr = x,
+			                      .op_type = FI_OP_CNTR_ADD,
+			                      .op.cntr = &op };
 		ret = fi_control(&a->domain->fid, FI_QUEUE_WORK, &w);
 		out(a, "fi_control(domain, FI_QUEUE_WORK, counter add) = %s", errname(ret));
 		CHECK(a, fi_cntr_add(d, 1));
-		out(a, "after fi_cntr_add(triggering counter, 1): target counter %llu", (unsigned long long)fi_cntr_read(x));
+		out(a, "after fi_cntr_add(triggering counter, 1): target counter %llu",
+		    (unsigned long long)fi_cntr_read(x));
 		ret = fi_control(&a->domain->fid, FI_FLUSH_WORK, NULL);
 		out(a, "fi_control(domain, FI_FLUSH_WORK) = %s", errname(ret));
 	}
@@ -63,12 +67,15 @@ int main(int argc, char **argv)
 	app_hints(a, FI_MSG | FI_RMA | FI_RMA_EVENT | FI_TRIGGER);
 	int ret = app_getinfo(a);
 	if (ret == -FI_ENODATA) {
-		out(a, "FI_TRIGGER not supported by %s (fi_getinfo with FI_MSG|FI_RMA|FI_RMA_EVENT|FI_TRIGGER = %s)",
+		out(a,
+		    "FI_TRIGGER not supported by %s (fi_getinfo with "
+		    "FI_MSG|FI_RMA|FI_RMA_EVENT|FI_TRIGGER = %s)",
 		    a->prov, errname(ret));
 		no_trigger(a);
 	}
 	if (ret)
-		die(a, "fi_getinfo(%s, FI_EP_RDM, FI_MSG|FI_RMA|FI_RMA_EVENT|FI_TRIGGER) = %s", a->prov, errstr(ret));
+		die(a, "fi_getinfo(%s, FI_EP_RDM, FI_MSG|FI_RMA|FI_RMA_EVENT|FI_TRIGGER) = %s",
+		    a->prov, errstr(ret));
 	app_open(a);
 	struct fid_cq *cq = app_cq(a, FI_WAIT_NONE);
 	struct fid_cntr *txc = NULL, *wc = NULL, *t = NULL, *d = NULL, *x = NULL, *c = NULL;
@@ -85,7 +92,8 @@ int main(int argc, char **argv)
 		rwc = app_cntr(a, FI_WAIT_UNSPEC, "remote write counter");
 	}
 	app_endpoint(a);
-	app_bind(a, &cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION, "CQ, FI_SELECTIVE_COMPLETION");
+	app_bind(a, &cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION,
+	         "CQ, FI_SELECTIVE_COMPLETION");
 	if (txc) {
 		app_bind(a, &txc->fid, FI_SEND, "send counter, FI_SEND");
 		app_bind(a, &wc->fid, FI_WRITE, "write counter, FI_WRITE");
@@ -100,15 +108,17 @@ int main(int argc, char **argv)
 	if (a->role == ROLE_SERVER) {
 		struct fi_context rctx[NMSG];
 		for (int i = 0; i < NMSG; i++)
-			POST(a, "receive", fi_recv(a->ep, buf.p + i * MSGSZ, MSGSZ, buf.desc, a->peer, &rctx[i]));
+			POST(a, "receive",
+			     fi_recv(a->ep, buf.p + i * MSGSZ, MSGSZ, buf.desc, a->peer, &rctx[i]));
 		oob_send_u64(a, (uint64_t)(uintptr_t)buf.p);
 		oob_send_u64(a, buf.key);
 		app_barrier(a); /* receives posted */
-		static const char *phase[NMSG] = {"A (triggered send)", "B (first send)", "B (second send)",
-						  "C (deferred send)"};
+		static const char *phase[NMSG] = { "A (triggered send)", "B (first send)",
+			                           "B (second send)", "C (deferred send)" };
 		for (int i = 0; i < NMSG; i++) {
 			wait_cntr(a, rxc, (uint64_t)i + 1, "receive counter");
-			out(a, "message %d received: %s, tag byte %d", i + 1, phase[i], buf.p[i * MSGSZ]);
+			out(a, "message %d received: %s, tag byte %d", i + 1, phase[i],
+			    buf.p[i * MSGSZ]);
 			if (i == 3) {
 				char r = 'r';
 				oob_send(a, &r, 1); /* the deferred send arrived */
@@ -118,7 +128,9 @@ int main(int argc, char **argv)
 				size_t bad = 0;
 				for (size_t k = 0; k < WSZ; k++)
 					bad += buf.p[WOFF + k] != (char)(k + 33);
-				out(a, "triggered write arrived: remote write counter %llu; bytes that differ: %zu",
+				out(a,
+				    "triggered write arrived: remote write counter %llu; bytes "
+				    "that differ: %zu",
 				    (unsigned long long)fi_cntr_read(rwc), bad);
 			}
 		}
@@ -134,11 +146,15 @@ int main(int argc, char **argv)
 		app_barrier(a);
 
 		/* A: a send held back until T reaches 2 */
-		struct fi_triggered_context tA = {.event_type = FI_TRIGGER_THRESHOLD,
-						  .trigger.threshold = {.cntr = t, .threshold = 2}};
-		struct iovec iovA = {.iov_base = buf.p, .iov_len = MSGSZ};
-		struct fi_msg mA = {.msg_iov = &iovA, .desc = &buf.desc, .iov_count = 1, .addr = a->peer,
-				    .context = &tA};
+		struct fi_triggered_context tA = { .event_type = FI_TRIGGER_THRESHOLD,
+			                           .trigger.threshold = { .cntr = t,
+			                                                  .threshold = 2 } };
+		struct iovec iovA = { .iov_base = buf.p, .iov_len = MSGSZ };
+		struct fi_msg mA = { .msg_iov = &iovA,
+			             .desc = &buf.desc,
+			             .iov_count = 1,
+			             .addr = a->peer,
+			             .context = &tA };
 		ret = (int)fi_sendmsg(a->ep, &mA, FI_TRIGGER);
 		out(a, "A: fi_sendmsg(FI_TRIGGER, T >= 2) = %s", errname(ret));
 		if (ret)
@@ -152,12 +168,20 @@ int main(int argc, char **argv)
 		show(a, t, "A: T");
 
 		/* B: a write held back until the send counter reaches 3 */
-		struct fi_triggered_context tB = {.event_type = FI_TRIGGER_THRESHOLD,
-						  .trigger.threshold = {.cntr = txc, .threshold = 3}};
-		struct iovec iovB = {.iov_base = buf.p + WOFF, .iov_len = WSZ};
-		struct fi_rma_iov riovB = {.addr = app_raddr(a, base, WOFF), .len = WSZ, .key = key};
-		struct fi_msg_rma mB = {.msg_iov = &iovB, .desc = &buf.desc, .iov_count = 1, .addr = a->peer,
-					.rma_iov = &riovB, .rma_iov_count = 1, .context = &tB};
+		struct fi_triggered_context tB = { .event_type = FI_TRIGGER_THRESHOLD,
+			                           .trigger.threshold = { .cntr = txc,
+			                                                  .threshold = 3 } };
+		struct iovec iovB = { .iov_base = buf.p + WOFF, .iov_len = WSZ };
+		struct fi_rma_iov riovB = { .addr = app_raddr(a, base, WOFF),
+			                    .len = WSZ,
+			                    .key = key };
+		struct fi_msg_rma mB = { .msg_iov = &iovB,
+			                 .desc = &buf.desc,
+			                 .iov_count = 1,
+			                 .addr = a->peer,
+			                 .rma_iov = &riovB,
+			                 .rma_iov_count = 1,
+			                 .context = &tB };
 		ret = (int)fi_writemsg(a->ep, &mB, FI_TRIGGER);
 		out(a, "B: fi_writemsg(FI_TRIGGER, send counter >= 3) = %s", errname(ret));
 		if (ret)
@@ -165,33 +189,50 @@ int main(int argc, char **argv)
 		show(a, wc, "B: write counter after posting");
 		struct fi_context sctx[2];
 		for (int i = 0; i < 2; i++)
-			POST(a, "B: send", fi_send(a->ep, buf.p + (1 + i) * MSGSZ, MSGSZ, buf.desc, a->peer, &sctx[i]));
+			POST(a, "B: send",
+			     fi_send(a->ep, buf.p + (1 + i) * MSGSZ, MSGSZ, buf.desc, a->peer,
+			             &sctx[i]));
 		wait_cntr(a, txc, 3, "B: send counter");
 		wait_cntr(a, wc, 1, "B: write counter");
 		show(a, txc, "B: send counter");
 		show(a, wc, "B: write counter");
 
 		/* C: deferred work on D */
-		struct fi_op_cntr add5 = {.cntr = x, .value = 5}, set100 = {.cntr = x, .value = 100};
-		struct iovec iovC = {.iov_base = buf.p + 3 * MSGSZ, .iov_len = MSGSZ};
+		struct fi_op_cntr add5 = { .cntr = x, .value = 5 },
+		                  set100 = { .cntr = x, .value = 100 };
+		struct iovec iovC = { .iov_base = buf.p + 3 * MSGSZ, .iov_len = MSGSZ };
 		struct fi_deferred_work w[3] = {
-			{.threshold = 1, .triggering_cntr = d, .completion_cntr = c, .op_type = FI_OP_CNTR_ADD,
-			 .op.cntr = &add5},
-			{.threshold = 2, .triggering_cntr = d, .completion_cntr = c, .op_type = FI_OP_SEND},
-			{.threshold = 3, .triggering_cntr = d, .completion_cntr = c, .op_type = FI_OP_CNTR_SET,
-			 .op.cntr = &set100},
+			{ .threshold = 1,
+			  .triggering_cntr = d,
+			  .completion_cntr = c,
+			  .op_type = FI_OP_CNTR_ADD,
+			  .op.cntr = &add5 },
+			{ .threshold = 2,
+			  .triggering_cntr = d,
+			  .completion_cntr = c,
+			  .op_type = FI_OP_SEND },
+			{ .threshold = 3,
+			  .triggering_cntr = d,
+			  .completion_cntr = c,
+			  .op_type = FI_OP_CNTR_SET,
+			  .op.cntr = &set100 },
 		};
 		/* the send's context must be its work item's (fi_trigger(3) leaves it to the provider;
 		 * sockets requires it) */
-		struct fi_op_msg sendC = {.ep = a->ep,
-					  .msg = {.msg_iov = &iovC, .desc = &buf.desc, .iov_count = 1,
-						  .addr = a->peer, .context = &w[1].context},
-					  .flags = 0};
+		struct fi_op_msg sendC = { .ep = a->ep,
+			                   .msg = { .msg_iov = &iovC,
+			                            .desc = &buf.desc,
+			                            .iov_count = 1,
+			                            .addr = a->peer,
+			                            .context = &w[1].context },
+			                   .flags = 0 };
 		w[1].op.msg = &sendC;
-		static const char *what[3] = {"add 5 to X at D >= 1", "send at D >= 2", "set X to 100 at D >= 3"};
+		static const char *what[3] = { "add 5 to X at D >= 1", "send at D >= 2",
+			                       "set X to 100 at D >= 3" };
 		for (int i = 0; i < 3; i++) {
 			ret = fi_control(&a->domain->fid, FI_QUEUE_WORK, &w[i]);
-			out(a, "C: fi_control(domain, FI_QUEUE_WORK, %s) = %s", what[i], errname(ret));
+			out(a, "C: fi_control(domain, FI_QUEUE_WORK, %s) = %s", what[i],
+			    errname(ret));
 			if (ret)
 				die(a, "C: deferred work refused");
 		}
@@ -205,7 +246,8 @@ int main(int argc, char **argv)
 		char r;
 		oob_recv(a, &r, 1); /* the server has the deferred send */
 		show(a, txc, "C: send counter after D = 2 (the server has the message)");
-		wait_cntr(a, c, 1, "C: completion counter C"); /* bumped when the deferred send completes */
+		wait_cntr(a, c, 1,
+		          "C: completion counter C"); /* bumped when the deferred send completes */
 		show(a, c, "C: C after D = 2");
 		show(a, x, "C: X after D = 2");
 		CHECK(a, fi_cntr_add(d, 1));

@@ -33,24 +33,30 @@ static void one_completion(struct app *a, struct fid_cq *cq, const char *what, i
 	while ((r = fi_cq_read(cq, &e, 1)) == -FI_EAGAIN)
 		if (now_ms() > deadline) {
 			if (patience_ms > 0) {
-				out(a, "%s: no completion (the endpoint does not receive from this peer any more)", what);
+				out(a,
+				    "%s: no completion (the endpoint does not receive from this "
+				    "peer any more)",
+				    what);
 				return;
 			}
 			die(a, "%s: no completion within %d ms", what, APP_WAIT_MS);
 		}
 	if (r == 1) {
-		out(a, "%s: completed without error: len %zu, flags %s", what, e.len, flagstr(e.flags));
+		out(a, "%s: completed without error: len %zu, flags %s", what, e.len,
+		    flagstr(e.flags));
 		return;
 	}
 	if (r != -FI_EAVAIL)
 		die(a, "%s: fi_cq_read = %s", what, errstr((int)r));
-	struct fi_cq_err_entry err = {0};
+	struct fi_cq_err_entry err = { 0 };
 	r = fi_cq_readerr(cq, &err, 0);
 	if (r != 1)
 		die(a, "%s: fi_cq_readerr = %s", what, errstr((int)r));
 	/* err is printed as the number it is: fi_cq(3) says positive, shm 1.17 stores it negated */
-	out(a, "%s: fi_cq_read = -FI_EAVAIL; fi_cq_readerr: err %d (%s), olen %zu, len %zu, flags %s", what,
-	    err.err, fi_strerror(err.err < 0 ? -err.err : err.err), err.olen, err.len, flagstr(err.flags));
+	out(a,
+	    "%s: fi_cq_read = -FI_EAVAIL; fi_cq_readerr: err %d (%s), olen %zu, len %zu, flags %s",
+	    what, err.err, fi_strerror(err.err < 0 ? -err.err : err.err), err.olen, err.len,
+	    flagstr(err.flags));
 }
 
 static void counters(struct app *a, struct fid_cntr *c, const char *what)
@@ -93,11 +99,14 @@ int main(int argc, char **argv)
 			first += buf.p[i] != (char)(i + 1);
 		for (size_t i = SMALL; i < BUFSZ; i++)
 			changed += buf.p[i] != GUARD;
-		out(a, "posted bytes that differ from the message: %zu; bytes beyond the posted %d that changed: %zu",
+		out(a,
+		    "posted bytes that differ from the message: %zu; bytes beyond the posted %d "
+		    "that changed: %zu",
 		    first, SMALL, changed);
 		app_barrier(a); /* round 1 done on both sides */
 
-		POST(a, "big receive", fi_recv(a->ep, buf.p + OFF2, BIG, buf.desc, a->peer, &ctx[1]));
+		POST(a, "big receive",
+		     fi_recv(a->ep, buf.p + OFF2, BIG, buf.desc, a->peer, &ctx[1]));
 		app_barrier(a);
 		one_completion(a, cq, "receive of 64 bytes for a 64-byte message", PATIENCE_MS);
 		counters(a, rxc, "receive counter after the second message");
