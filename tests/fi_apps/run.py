@@ -12,7 +12,8 @@ For every program and provider:
      program's own "fi_cntr_open calls: N" counts, process by process.
 
 Usage:
-  run.py [--hook-dir DIR] [--timeout S] PROGRAM... -p PROVIDER [-p PROVIDER...]
+  run.py [--hook-dir DIR] [--timeout S] [--hook-env NAME=VALUE] [--expect-stat KEY=VALUE]
+         PROGRAM... -p PROVIDER [-p PROVIDER...]
   run.py --matrix [--hook-dir DIR] PROGRAM...        every program on the four providers, a table
 
 The hook dir comes from --hook-dir, else the environment variable FI_APPS_HOOK_DIR. Without
@@ -68,7 +69,7 @@ KNOWN_DIFFERENCES = [
 
 STATS_RE = re.compile(r"^compcntr-hook pid=(\d+) .*\bcntr_open=(\d+)\b")
 OPENS_RE = re.compile(r"^(\w+): fi_cntr_open calls: (\d+)$", re.M)
-CLEAN = ("FI_HOOK", "FI_PROVIDER_PATH", "COMPCNTR_FI_HOOK_STATS")
+CLEAN = ("FI_HOOK", "FI_PROVIDER_PATH", "COMPCNTR_FI_HOOK_STATS", "COMPCNTR_FI_PROGRESS_THREAD")
 
 
 def run(cmd, env, timeout):
@@ -103,7 +104,7 @@ def expected_with_hook(program, provider, out):
     return "\n".join(lines), problems
 
 
-def check(program_path, provider, hook_dir, timeout, verbose=True):
+def check(program_path, provider, hook_dir, timeout, verbose=True, hook_env=(), expect_stats=()):
     """Runs one program on one provider both ways. Returns ("pass"|"fail"|"skip", report text)."""
     program = os.path.basename(program_path)
     program = program[len("fi_app_"):] if program.startswith("fi_app_") else program
@@ -125,6 +126,7 @@ def check(program_path, provider, hook_dir, timeout, verbose=True):
     os.close(fd)
     try:
         env = dict(base, FI_HOOK="compcntr", FI_PROVIDER_PATH=hook_dir, COMPCNTR_FI_HOOK_STATS=stats)
+        env.update(kv.split("=", 1) for kv in hook_env)
         st1, out1, err1, t1 = run(cmd, env, timeout)
         with open(stats) as f:
             stat_lines = [l.rstrip("\n") for l in f if l.strip()]
@@ -160,6 +162,10 @@ def check(program_path, provider, hook_dir, timeout, verbose=True):
             report.append(f"stats file: unexpected line {l!r}")
         else:
             served.append(int(m.group(2)))
+            for kv in expect_stats:
+                if kv not in l.split():
+                    ok = False
+                    report.append(f"stats line without {kv}: {l!r}")
     if nproc == 0:
         ok = False
         report.append("with hook: the program printed no \"fi_cntr_open calls\" line")
@@ -182,6 +188,10 @@ def main():
     ap.add_argument("--hook-dir", default="", help="default: $FI_APPS_HOOK_DIR")
     ap.add_argument("--timeout", type=float, default=90)
     ap.add_argument("--matrix", action="store_true", help="all four providers, print a pass/fail table")
+    ap.add_argument("--hook-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="extra environment of the with-hook run (e.g. COMPCNTR_FI_PROGRESS_THREAD=1)")
+    ap.add_argument("--expect-stat", action="append", default=[], metavar="KEY=VALUE",
+                    help="every stats line must contain KEY=VALUE (e.g. progress_thread=1)")
     a = ap.parse_args()
     hook_dir = a.hook_dir or os.environ.get("FI_APPS_HOOK_DIR", "")
     providers = a.provider or (PROVIDERS if a.matrix else None)
@@ -190,7 +200,7 @@ def main():
     results = {}
     for prog in a.programs:
         for prov in providers:
-            res, text = check(prog, prov, hook_dir, a.timeout)
+            res, text = check(prog, prov, hook_dir, a.timeout, hook_env=a.hook_env, expect_stats=a.expect_stat)
             results[(prog, prov)] = res
             print(f"=== {os.path.basename(prog)} -p {prov}: {res.upper()}")
             print(text)
