@@ -1,6 +1,6 @@
 // compcntr_bench harness: the row registry, the measurement loop and the report types.
 //
-// Purpose: every target of ../shared/spec/performance.md ("P1" ... "P10") is a *row*: one source
+// Purpose: every performance target ("P1" ... "P10", restated in bench/README.md) is a *row*: one source
 // file under bench/rows/ that registers itself with COMPCNTR_BENCH_ROW and, when run, measures
 // compcntr and its references side by side and adds table lines (`check`s) to the report. The
 // harness (this file, harness.cpp, output.cpp, main.cpp) knows nothing about any row: adding P4 is

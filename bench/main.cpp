@@ -1,4 +1,4 @@
-// compcntr_bench: the performance targets of ../shared/spec/performance.md, measured side by side
+// compcntr_bench: the performance targets (bench/README.md lists them), measured side by side
 // with their references in one run. See bench/README.md for how to run and read it.
 #include <sys/stat.h>
 #include <unistd.h>

@@ -411,11 +411,11 @@ int compcntr::fabric::bind(compcntr_fi_bridge* br, compcntr::counter_ref ref, st
   return bind_binding(br, std::move(b), flags, "compcntr::fabric::bind");
 }
 
-int compcntr::fabric::bind(compcntr_fi_bridge* br, const compcntr::device& dev, const compcntr::counter& c,
+int compcntr::fabric::bind(compcntr_fi_bridge* br, const compcntr::device& dev, compcntr::counter_view c,
                            std::uint64_t flags) noexcept {
   if (!c) return fail(EINVAL, "compcntr::fabric::bind: the counter is empty");
   std::error_code ec;
-  compcntr::counter_ref ref = dev.resolve(c.handle(), ec);
+  compcntr::counter_ref ref = dev.resolve(c.id(), ec);
   // A handle resolved on another device names an unrelated slot: check it is c's.
   if (ec || ref.native_slot() != c.native_slot())
     return fail(EINVAL, "compcntr::fabric::bind: the counter is not a counter of `dev`");

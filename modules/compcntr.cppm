@@ -6,12 +6,14 @@
 //     auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
 //     c.add();
 //
-// Partitions, bottom up: cache_padded, error, types, backoff (spin, yield, block), slot (memory
-// ordering), pool (where slots live), backend (device interface), counter, counter_ref
-// (handles), mr (registered memory), qp (queue pairs, attach), device, wait (wait, poll_any,
-// pollable fds), cmd_comp (asynchronous command completion), refresher (mirrors of
-// device-held counters), credits (per-peer credit tracking for MPI runtimes). See
-// docs/architecture.md.
+// Partitions, bottom up (a unit imports only units listed before it; docs/architecture.md):
+//   core (modules/core/): cache_padded, error, types, backoff, slot (memory ordering), lifetime
+//     (refs, pins, generation, the free path), pool (where slots live), backend (the device
+//     seam and the device core), counter (counter, counter_view), counter_ref (resolved ids),
+//     device, wait (wait, poll_any, pollable fds);
+//   features (modules/features/): mr (registered memory), qp (queue pairs, attach), cmd_comp
+//     (asynchronous command completion), refresher (mirrors of device-held counters), credits
+//     (per-peer credit tracking for MPI runtimes).
 export module compcntr;
 export import :cache_padded;
 export import :error;

@@ -1,5 +1,5 @@
 // C1: the credit tracker (docs/credits.md) beside what a runtime would write without it.
-// No target in performance.md: every line is information (goal::info), so a reader can see what
+// No performance target (bench/README.md): every line is information (goal::info), so a reader can see what
 // thread-safe admission costs over the MPICH-style single-threaded pattern, and over the same
 // algorithm on raw atomics.
 //

@@ -2,7 +2,7 @@
  * counts a real libfabric endpoint's completions into compcntr counters.
  * Library: libcompcntr-fabric (pkg-config compcntr-fabric). Reference: docs/fabric.md.
  *
- * Return conventions (as c-api.md fixes them):
+ * Return conventions (fixed by the project's C API specification):
  *   - compcntr_fi_cntr_open and the fi_cntr operations return 0 or a negative libfabric error
  *     (-FI_EINVAL, -FI_EBUSY, ...), exactly like libfabric.
  *   - compcntr_fi_bridge_progress returns the number of CQ entries consumed, or -FI_E*.

@@ -28,17 +28,17 @@ namespace compcntr::fabric {
 /// errno values of compcntr_fi_bridge_bind (EINVAL also for an empty ref).
 int bind(compcntr_fi_bridge* br, compcntr::counter_ref ref, std::uint64_t flags) noexcept;
 
-/// bind() through dev.resolve(c.handle()). EINVAL for an empty counter or one that is not
+/// bind() through dev.resolve(c.id()). EINVAL for an empty counter or one that is not
 /// `dev`'s.
-int bind(compcntr_fi_bridge* br, const compcntr::device& dev, const compcntr::counter& c,
+int bind(compcntr_fi_bridge* br, const compcntr::device& dev, compcntr::counter_view c,
          std::uint64_t flags) noexcept;
 
 /// `o` with `br` as its progress hook: a compcntr::wait / poll_any with these options drains
-/// the bridge's CQ before every check (and sleeps at most o.progress_interval at a time).
+/// the bridge's CQ before every check (and sleeps at most o.hook_interval at a time).
 inline compcntr::wait_options progress_options(compcntr_fi_bridge* br,
                                                compcntr::wait_options o = {}) noexcept {
-  o.progress = compcntr_fi_bridge_progress_fn;
-  o.progress_ctx = br;
+  o.hook = compcntr_fi_bridge_progress_fn;
+  o.hook_ctx = br;
   return o;
 }
 

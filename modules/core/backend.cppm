@@ -2,7 +2,7 @@
 // (QPs/MRs, native attach, async commands), and the device core.
 //
 // Purpose: a device = one backend (soft, verbs, a test's fake) + one slot pool + a reference
-// count + the services higher layers attach to it. The C++ compcntr::device handle holds one
+// count + the services higher layers attach to it. The C++ compcntr::device object holds one
 // reference; every live object created from the device (counter, QP, cmd_comp, ...) holds one
 // more, so a device never dies under its objects.
 //

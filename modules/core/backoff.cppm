@@ -1,32 +1,21 @@
 // compcntr:backoff -- how a thread waits without a kernel: pause, then yield, then "block now".
 //
-// Purpose: the busy half of every compcntr wait. A waiter that expects its answer soon should
-// poll (cheap, lowest latency); one that has polled for a while should get out of the way of
-// the thread it waits for (yield); one that has waited longer than a sleep/wake costs should
-// sleep in the kernel. backoff walks a thread through the first two stages and says when the
-// third one is due (is_completed()).
-//
-// Model: crossbeam-utils' Backoff (Rust), whose step limits this type keeps:
-//   * spin_limit = 6: a step spins 2^step `pause`s, at most 2^6 = 64. The whole pause stage is
-//     1 + 2 + ... + 64 = 127 pauses: 3.5-4.5 us at the 28-36 ns per `pause` measured on this
-//     project's 2-vCPU AMD EPYC VMs (1,000,000 pauses, 3 runs), ~5 us on Intel Skylake and later
-//     (`pause` is ~140 cycles there: Intel 64 and IA-32 Optimization Reference Manual, "Pause
-//     latency in Skylake microarchitecture").
-//   * yield_limit = 10: steps 7..10 each yield the CPU once (sched_yield: 0.76-0.80 us here when
-//     the core is otherwise idle, a time slice when it is not).
-// So a waiter that reaches is_completed() has busy-waited about 5-10 us: about what one futex
-// sleep + wake-up costs (the C++20 atomic wait/notify ping-pong round trip, two of them, is
-// 11-15 us here: performance.md). Spinning for as long as blocking would cost, then blocking,
-// never costs more than twice the better of the two choices (Karlin, Manasse, McGeoch, Owicki,
-// "Competitive randomized algorithms for non-uniform problems", SODA 1990).
+// Purpose: the busy half of every compcntr wait. A waiter that expects its answer soon polls;
+// one that has polled for a while gets out of the way of the thread it waits for (yield); one
+// that has waited longer than a sleep/wake costs should sleep in the kernel. backoff walks a
+// thread through the first two stages and says when the third is due (is_completed()).
+// Model: crossbeam-utils' Backoff, whose step limits it keeps: spin_limit = 6 (a step spins
+// 2^step `pause`s; 127 in all, ~4-5 us), yield_limit = 10 (steps 7..10 yield once each). So a
+// waiter reaching is_completed() has busy-waited ~5-10 us, about one futex sleep + wake-up;
+// spinning as long as blocking would cost, then blocking, never costs more than twice the better
+// choice (Karlin et al., SODA 1990). Measurements: bench/README.md, "Measurements the code quotes".
 //
 // Requirements: one backoff per waiting thread and wait (not thread-safe, no shared state).
 // Guarantees: spin() never yields or blocks; snooze() never blocks; is_completed() becomes true
 // after exactly yield_limit + 1 snooze() calls and stays true until reset().
 // Memory ordering: none (no memory is touched; pause is not a fence).
 //
-// Example (a spin-then-block wait on a flag; block_until(ready) stands for whatever blocking
-// primitive the caller has):
+// Example (block_until(ready) stands for whatever blocking primitive the caller has):
 //     compcntr::backoff b;
 //     while (!ready.load(std::memory_order_acquire)) {
 //       if (b.is_completed()) block_until(ready);

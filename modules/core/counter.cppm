@@ -1,28 +1,34 @@
-// compcntr:counter -- the completion counter, a move-only owner of one pool slot.
+// compcntr:counter -- the completion counter (owner of one pool slot) and counter_view.
 //
 // Purpose: count finished operations in aggregate: a completion count and an error count, two
 // independent unsigned 64-bit values that start at 0 and wrap at the device's max_value
-// (UINT64_MAX for software counters).
+// (UINT64_MAX for software counters). One surface, three ways to hold it: `counter` owns the
+// slot, `counter_ref` (compcntr:counter_ref) keeps a resolved counter alive, `counter_view`
+// only names it. Their operations are defined once (detail::counter_surface); every entry point
+// that uses a counter takes a counter_view, to which the other two convert implicitly.
 //
-// Requirements: created by compcntr::device::create_counter. Not copyable; moving leaves the
-// source empty (operator bool is false) and every operation on an empty counter is undefined.
+// Requirements: created by compcntr::device::create_counter. A counter is not copyable; moving
+// leaves the source empty (operator bool false) and every operation on an empty one is
+// undefined. A view must not outlive the counter it names.
 // Guarantees:
 //   * add()/add_error() never lose an update, from any number of threads.
 //   * value()/errors() are one acquire load of the slot (the "mirror"); on the software device an
 //     update is visible to them as soon as the updating call returns.
 //   * set()/set_error() replace a value; increments racing with them may be lost (verbs rule).
-//   * the destructor destroys the counter; if a QP still counts into it the slot stays alive
-//     until the last such QP is destroyed (C++ RAII cannot fail). destroy(ec) is the checked form:
-//     EBUSY while attached, and the counter stays usable.
+//   * the destructor destroys the counter; if a holder (QP attachment, counter_ref, bridge)
+//     still has it, the slot lives on until the last one lets go (C++ RAII cannot fail).
+//     destroy(ec) is the checked form: EBUSY while held, and the counter stays usable.
 // Memory ordering: see compcntr:slot. Updates are seq_cst RMWs (release semantics for what the
-// updater wrote before), reads are acquire.
+// updater wrote before), reads are acquire. Operations are const (as std::atomic_ref's): a
+// view or a const reference updates the counter it names.
 //
 // Example:
 //     std::error_code ec;
 //     auto dev = compcntr::device::open("soft", ec);
 //     auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
 //     c.add(3);  c.add_error(1);
-//     assert(c.value() == 3 && c.errors() == 1);
+//     compcntr::counter_view v = c;                         // what wait(), attach() ... take
+//     assert(v.value() == 3 && v.errors() == 1);
 module;
 #include <atomic>
 #include <cstdint>
@@ -34,11 +40,79 @@ import :lifetime;
 import :types;
 import :error;
 
+export namespace compcntr::detail {
+
+/// The operations every counter type offers, defined once: counter (owner), counter_ref (counted
+/// reference) and counter_view (no ownership) derive from it. `Self` provides native_slot().
+/// Every operation on an empty object (operator bool false) is undefined, except operator bool.
+template <class Self>
+class counter_surface {
+ public:
+  inline explicit operator bool() const noexcept { return s() != nullptr; }
+
+  /// Completion count (acquire load).
+  inline std::uint64_t value() const noexcept { return s()->load_value(); }
+  /// Error count (acquire load).
+  inline std::uint64_t errors() const noexcept { return s()->load_errors(); }
+  /// Completion count += n, wrapping past max_value.
+  inline void add(std::uint64_t n = 1) const noexcept { s()->add(n); }
+  /// Error count += n, wrapping past max_value.
+  inline void add_error(std::uint64_t n = 1) const noexcept { s()->add_error(n); }
+  /// Completion count = v.
+  inline void set(std::uint64_t v) const noexcept { s()->set(v); }
+  /// Error count = v.
+  inline void set_error(std::uint64_t v) const noexcept { s()->set_error(v); }
+
+  inline counter_type type() const noexcept { return s()->type; }
+  /// NUMA node whose memory holds this counter's slot.
+  inline int numa_node() const noexcept { return s()->numa_node; }
+  /// Index of the counter's slot in its device's pool (the C struct's `handle` field).
+  inline std::uint32_t index() const noexcept { return s()->index; }
+  /// A name for this counter that can outlive it: device::resolve() turns it back into access
+  /// to this counter while it lives, and reports ESTALE once it is destroyed (even after its
+  /// slot went to a new counter). Memory ordering: relaxed load of the slot's generation, which
+  /// only changes when the slot is freed (never while the counter lives).
+  inline counter_id id() const noexcept {
+    return {s()->generation.load(std::memory_order_relaxed), s()->index};
+  }
+  /// The former name of id() (until 0.2; "handle" is the C struct's slot index).
+  [[deprecated("use id()")]] inline counter_id handle() const noexcept { return id(); }
+
+ protected:
+  counter_surface() noexcept = default;
+  ~counter_surface() = default;
+
+ private:
+  inline slot* s() const noexcept { return static_cast<const Self*>(this)->native_slot(); }
+};
+
+}  // namespace compcntr::detail
+
 export namespace compcntr {
 
 class device;
 
-class counter {
+/// A non-owning view of a live counter: what every entry point that only uses a counter takes
+/// (wait, poll_any, pollable_fd, qp::attach, cmd_completion::query, ...). A counter and a
+/// counter_ref convert to it implicitly. Copyable, one pointer; it does not keep the counter
+/// alive: the counter must outlive every use of the view (as with a reference). Empty when
+/// default-constructed or made from an empty counter.
+class counter_view : public detail::counter_surface<counter_view> {
+ public:
+  constexpr counter_view() noexcept = default;
+  /// A view of the counter in `s` (for the library's layers and adapters).
+  inline explicit counter_view(detail::slot* s) noexcept : s_(s) {}
+
+  inline detail::slot* native_slot() const noexcept { return s_; }
+  /// Two views are equal when they name the same counter (or are both empty).
+  friend bool operator==(counter_view a, counter_view b) noexcept { return a.s_ == b.s_; }
+
+ private:
+  detail::slot* s_ = nullptr;
+};
+
+/// The completion counter (see the file comment). Move-only owner of its slot.
+class counter : public detail::counter_surface<counter> {
  public:
   counter() noexcept = default;
   inline counter(counter&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
@@ -53,33 +127,9 @@ class counter {
   counter& operator=(const counter&) = delete;
   inline ~counter() { reset(); }
 
-  inline explicit operator bool() const noexcept { return s_ != nullptr; }
-
-  /// Completion count (acquire load).
-  inline std::uint64_t value() const noexcept { return s_->load_value(); }
-  /// Error count (acquire load).
-  inline std::uint64_t errors() const noexcept { return s_->load_errors(); }
-  /// Completion count += n, wrapping past max_value.
-  inline void add(std::uint64_t n = 1) noexcept { s_->add(n); }
-  /// Error count += n, wrapping past max_value.
-  inline void add_error(std::uint64_t n = 1) noexcept { s_->add_error(n); }
-  /// Completion count = v.
-  inline void set(std::uint64_t v) noexcept { s_->set(v); }
-  /// Error count = v.
-  inline void set_error(std::uint64_t v) noexcept { s_->set_error(v); }
-
-  inline counter_type type() const noexcept { return s_->type; }
-  /// NUMA node whose memory holds this counter's slot.
-  inline int numa_node() const noexcept { return s_->numa_node; }
-  /// Index of the counter's slot in its device's pool (the verbs `handle`).
-  inline std::uint32_t index() const noexcept { return s_->index; }
-  /// A name for this counter that can outlive it: device::resolve() turns it back into access
-  /// to this counter while it lives, and reports ESTALE once it is destroyed (even after its
-  /// slot went to a new counter). Memory ordering: relaxed load of the slot's generation, which
-  /// only changes when the slot is released (never while this counter owns it).
-  inline counter_handle handle() const noexcept {
-    return {s_->generation.load(std::memory_order_relaxed), s_->index};
-  }
+  /// A non-owning view of this counter (empty if this counter is).
+  inline operator counter_view() const noexcept { return counter_view(s_); }
+  inline counter_view view() const noexcept { return counter_view(s_); }
 
   /// Destroys the counter now. EBUSY (and the counter stays usable) while a QP counts into it,
   /// a counter_ref holds it, or a bridge is bound to it (compcntr:lifetime).

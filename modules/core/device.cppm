@@ -1,14 +1,19 @@
 // compcntr:device -- an opened device (software or RDMA), the factory of counters.
 //
-// Purpose: one handle per opened device; counters, QPs, memory regions (and, in later layers,
-// command completions) are created from it.
+// Purpose: one object per opened device; counters, QPs, memory regions and command completions
+// are created from it. The device core behind it (compcntr:backend) is what every layer shares.
 // Requirements: move-only. Creating objects from one device in many threads at once is allowed.
 // Guarantees:
 //   * open("soft") always works; open("auto") (or an empty name) picks a native RDMA device that
 //     opens, else "soft"; any other name is a verbs device name, ENODEV if absent.
-//   * the device outlives every object created from it: the handle's destructor releases the
-//     handle's reference and the device is freed with its last object. close(ec) is the checked
-//     form: EBUSY while objects live, and the handle stays valid.
+//   * the device outlives every object created from it: the device object's destructor
+//     releases its reference and the device is freed with its last object. close(ec) is the
+//     checked form: EBUSY while objects live, and the device object stays valid.
+//   * create_counter: EINVAL (unknown type or node), ENOTSUP (type), ENOMEM (max_counters
+//     live); a refused create changes nothing.
+// Memory ordering: objects of the device hold references (relaxed increment, acq_rel release:
+// the last releaser sees every holder's writes before the device is freed).
+//
 // Example:
 //     std::error_code ec;
 //     auto dev = compcntr::device::open("auto", ec);        // "soft" on a machine without RDMA
@@ -78,11 +83,11 @@ class device {
     return create_counter(counter_options{.type = type}, ec);
   }
 
-  /// The live counter `h` names (counter::handle()), as a counted reference that keeps it alive
+  /// The live counter `h` names (counter::id()), as a counted reference that keeps it alive
   /// (race semantics: compcntr:counter_ref). On failure an empty ref and ec: ESTALE (the
-  /// handle's counter was destroyed, even if its slot now holds another counter), EINVAL (`h`
+  /// id's counter was destroyed, even if its slot now holds another counter), EINVAL (`h`
   /// names no slot of this device).
-  inline counter_ref resolve(counter_handle h, std::error_code& ec) const noexcept {
+  inline counter_ref resolve(counter_id h, std::error_code& ec) const noexcept {
     return counter_ref(detail::resolve_counter_slot(core_->pool(), h, ec));
   }
 
@@ -121,10 +126,10 @@ class device {
   detail::device_core* core_ = nullptr;
 };
 
-/// Progress for the device that feeds `c` (see device::progress): the entry point for waiters
-/// and pollers that must drive emulated completions while they spin. 0 and cheap when that
-/// device needs no progress.
-inline std::size_t progress(const counter& c) noexcept {
+/// device::progress() of the device that feeds `c`: the entry point for waiters and pollers
+/// that must drive emulated completions while they spin. 0 and cheap when that device needs no
+/// progress. `c` must not be empty.
+inline std::size_t progress(counter_view c) noexcept {
   return c.native_slot()->owner->progress();
 }
 

@@ -1,9 +1,16 @@
 // compcntr:error -- errno-valued errors with a message that names the cause.
 //
-// Every failing compcntr call reports a plain errno value (std::error_code in the generic
-// category, so `ec == std::errc::invalid_argument` works) and, in the calling thread, a
-// human-readable sentence naming the cause: compcntr::last_error_message() (C:
-// compcntr_last_error_message()). The message is only meaningful right after a failure.
+// Purpose: every failing compcntr call reports a plain errno value (std::error_code in the
+// generic category, so `ec == std::errc::invalid_argument` works) and, in the calling thread, a
+// sentence naming the cause: compcntr::last_error_message() (C: compcntr_last_error_message()).
+// Requirements: read the message right after the failure, in the failing thread.
+// Guarantees: the message is thread-local and at most 255 bytes (longer ones are cut); a
+// successful call leaves it alone (it is only meaningful after a failure).
+// Memory ordering: none (thread-local).
+//
+// Example:
+//     auto c = dev.create_counter(compcntr::counter_options{.numa_node = 99}, ec);
+//     if (ec) std::fprintf(stderr, "%s\n", compcntr::last_error_message().data());
 module;
 #include <string_view>
 #include <system_error>

@@ -6,7 +6,7 @@
 // The words of compcntr:slot involved: refs (the owner + 1 per holder that keeps the counter
 // alive: QP attachments, counter_refs, a CQ bridge binding), pins (transient holds that keep a
 // destroyed counter's slot bound: in-flight async queries, watching refreshers; low 31 bits a
-// count, bit 31 pins_dead), generation (names one owner of the slot: counter_handle).
+// count, bit 31 pins_dead), generation (names one owner of the slot: counter_id).
 //
 // Transitions (each happens exactly once per counter unless marked "repeat"):
 //   free     --allocate, reset_slot-->   live: refs = 1 (the owner), pins = 0, generation g
@@ -23,7 +23,7 @@
 //            slot back to the pool (free), the counter's device reference dropped
 // Requirements: pin_slot only with a live reference in hand; every take/pin is undone once.
 // Guarantees: finish runs exactly once per counter, in whichever thread drops the last hold;
-// a counter_handle taken from one owner never matches a later owner (64-bit generation); a refused
+// a counter_id taken from one owner never matches a later owner (64-bit generation); a refused
 // destroy (EBUSY) changes nothing.
 // Memory ordering: refs and pins RMWs are acq_rel (take: acq_rel CAS; drop, destroy, pins_dead,
 // unpin: acq_rel), so the thread that finishes sees every holder's writes. reset_slot's refs = 1
@@ -52,7 +52,7 @@ inline constexpr std::uint32_t pins_dead = 1u << 31;
 /// Resets a slot for a new owner (free -> live). Called by the pool before it hands a slot out.
 /// No owner can reach the slot then, so relaxed stores suffice for the owner's data (handing
 /// the counter to its user publishes them), except refs = 1 (release: see the file comment; a
-/// resolver of a stale counter_handle may CAS it concurrently, succeeding only on refs > 0).
+/// resolver of a stale counter_id may CAS it concurrently, succeeding only on refs > 0).
 inline void reset_slot(slot& s) noexcept {
   s.value.store(0, std::memory_order_relaxed);
   s.errors.store(0, std::memory_order_relaxed);
@@ -97,8 +97,8 @@ inline bool counter_gone(const slot& s) noexcept {
   return (s.pins.load(std::memory_order_acquire) & pins_dead) != 0;
 }
 
-/// device::resolve: the slot `h` names with one more reference, or nullptr and ec (EINVAL: no
-/// such slot; ESTALE: the handle's counter was destroyed). Race semantics: compcntr:counter_ref.
-slot* resolve_counter_slot(slot_pool& pool, counter_handle h, std::error_code& ec) noexcept;
+/// device::resolve: the slot `id` names with one more reference, or nullptr and ec (EINVAL: no
+/// such slot; ESTALE: the id's counter was destroyed). Race semantics: compcntr:counter_ref.
+slot* resolve_counter_slot(slot_pool& pool, counter_id id, std::error_code& ec) noexcept;
 
 }  // namespace compcntr::detail

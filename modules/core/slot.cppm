@@ -2,30 +2,30 @@
 //
 // Purpose: the slot is the "mirror" of a completion counter: the single place where readers,
 // waiters and pollers look. Software completions are atomic RMWs on it; native hardware counters
-// are DMA-written into it by the device (EFA) or refreshed into it by the backend.
-//
-// Layout (one 128-byte block, see compcntr:cache_padded for why 128):
+// are DMA-written into it by the device (EFA) or refreshed into it by the backend (slot::hw).
+// Layout (one 128-byte block, compcntr:cache_padded says why 128):
 //   line 0: value, errors, wake_seq, type, backend_data -- written by updates, polled by waiters
-//   line 1: watch, hw, pins, refs, ext, owner, pool bookkeeping -- read by updates, written rarely
-// Two slots never share a 128-byte block, so counters of different threads never false-share.
+//   line 1: watch, pins, hw, generation, refs, ext, owner, pool links -- read by updates, rarely
+//           written (who holds a slot and when it is freed: compcntr:lifetime)
+// Requirements: a slot is used only while its counter lives (or a pin holds it bound).
+// Guarantees: two slots never share a 128-byte block (no false sharing between counters); an
+// update with nobody watching costs its RMW plus one load; add() never loses an increment;
+// set() replaces the value (increments racing with it may be lost: verbs rule).
+// Memory ordering:
+//   * updates are seq_cst RMWs/stores on the value, then a seq_cst load of `watch`; a waiter
+//     publishes itself in `watch` with a seq_cst RMW, then re-reads the value (seq_cst). In the
+//     single total order of seq_cst operations either the updater sees the waiter (and wakes
+//     it) or the waiter sees the update (and does not sleep): no lost wake-up. On x86-64 this
+//     costs nothing over release/acquire (`lock xadd`, plain `mov`).
+//   * an update releases: what the updater wrote before add() is visible to a thread whose
+//     value()/errors() (acquire) returns the updated value or a later one.
+//   * the same Dekker pairing covers poll_any (watch_pollers) and armed fds (watch_fd_armed):
+//     notify_slow() (src/core/slot.cpp) wakes futex sleepers, signals the armed fd once and
+//     bumps the futex word of every registered poll_any.
 //
-// Memory ordering (all operations below):
-//   * add/add_error/set/set_error are sequentially consistent RMWs/stores on the value, followed
-//     by a seq_cst load of `watch`. A waiter publishes itself in `watch` with a seq_cst RMW and
-//     then re-reads the value with a seq_cst load. In the single total order of seq_cst
-//     operations, either the updater sees the waiter (and wakes it) or the waiter sees the
-//     update (and does not sleep): no lost wake-up. On x86-64 a seq_cst RMW is the same `lock
-//     xadd` as a release one and a seq_cst load is a plain `mov`, so this costs nothing extra.
-//   * An update "releases": everything the updating thread wrote before add() is visible to a
-//     thread whose value()/errors() (acquire) returns the updated value (or a later one).
-//   * set()/set_error() replace the value; increments racing with a set may be lost (verbs
-//     semantics: "ensure the counter value is stable before calling set"). add() never loses.
-//   * The same Dekker pairing covers the other watchers: a poll_any call sets watch_pollers and
-//     an fd arm sets watch_fd_armed with seq_cst RMWs before they re-check the value, so an
-//     update either is seen by them or sees their bit. notify_slow() (src/core/slot.cpp) then wakes
-//     futex sleepers (sleeper count != 0), signals the armed fd (one-shot: the bit is cleared by
-//     the first update that sees it) and bumps the futex word of every registered poll_any
-//     (under the slot_ext lock). With watch == 0 an update costs its RMW plus one load.
+// Example (what compcntr::counter does; the library's layers use slots directly):
+//     slot.add(1);                                    // completion: seq_cst RMW + load of watch
+//     std::uint64_t v = slot.load_value();            // reader: one acquire load
 module;
 #include <atomic>
 #include <cstddef>
@@ -82,8 +82,8 @@ struct alignas(false_sharing_range) slot {
   /// (in-flight async queries, refreshers); never make destroy EBUSY. compcntr:lifetime.
   std::atomic<std::uint32_t> pins{0};
   const hw_counter_ops* hw = nullptr;       ///< nullptr: software counter (read before the RMW)
-  /// Bumped when the slot is freed (compcntr:lifetime): a counter_handle taken from one owner
-  /// never matches a later owner. 64 bits, so it cannot wrap while a handle is kept (2^32 reuses
+  /// Bumped when the slot is freed (compcntr:lifetime): a counter_id taken from one owner
+  /// never matches a later owner. 64 bits, so it cannot wrap while an id is kept (2^32 reuses
   /// of one slot take minutes in a create/destroy loop; 2^64 take millennia).
   std::atomic<std::uint64_t> generation{0};
   std::atomic<std::uint32_t> next_free{0};  ///< pool free-list link (slot index + 1, 0 = end)

@@ -1,4 +1,6 @@
-// compcntr:types -- the small value types shared by every layer.
+// compcntr:types -- the small value types shared by every layer: counter_type, attach_op,
+// counter_caps, counter_values, counter_id, counter_options. Plain values: no requirements, no
+// memory ordering (each type's comment says what its fields mean).
 module;
 #include <cstdint>
 export module compcntr:types;
@@ -37,17 +39,19 @@ struct counter_values {
 };
 
 /// A counter's name that can be kept after the counter is gone: its slot index and the slot's
-/// generation when the handle was taken (compcntr::counter::handle()). Resolve it with
-/// compcntr::device::resolve(): a handle whose counter was destroyed is ESTALE, never the slot's
-/// next owner. A default-constructed handle names no counter (resolve() says EINVAL). Resolve a
-/// handle only with the device whose counter produced it: a handle of another device, or one
-/// made up, may name a slot that was never handed out (undefined behaviour), unless its index
-/// lies past the device's arenas (EINVAL).
-struct counter_handle {
+/// generation when the id was taken (compcntr::counter::id()). Resolve it with
+/// compcntr::device::resolve(): an id whose counter was destroyed is ESTALE, never the slot's
+/// next owner. A default-constructed id names no counter (resolve() says EINVAL). Resolve an id
+/// only with the device whose counter produced it: an id of another device, or one made up, may
+/// name a slot that was never handed out (undefined behaviour), unless its index lies past the
+/// device's arenas (EINVAL). (Not the C API's `handle`, which is the slot index alone.)
+struct counter_id {
   std::uint64_t generation = 0;
   std::uint32_t index = UINT32_MAX;
-  friend bool operator==(const counter_handle&, const counter_handle&) = default;
+  friend bool operator==(const counter_id&, const counter_id&) = default;
 };
+/// The former name of counter_id (until 0.2).
+using counter_handle [[deprecated("use compcntr::counter_id")]] = counter_id;
 
 /// Creation options for a counter.
 struct counter_options {

@@ -50,9 +50,16 @@ import :error;
 export namespace compcntr {
 
 /// One query of a batch: which counter, and the caller's id echoed in the response.
+/// `{&counter, wr_id}` and `{view, wr_id}` both work; an empty view (or a null pointer) is
+/// refused by query() with EINVAL.
 struct query_request {
-  const counter* c = nullptr;
+  counter_view c;
   std::uint64_t wr_id = 0;
+
+  query_request() noexcept = default;
+  inline query_request(counter_view v, std::uint64_t id) noexcept : c(v), wr_id(id) {}
+  inline query_request(const counter* p, std::uint64_t id) noexcept
+      : c(p != nullptr ? p->view() : counter_view()), wr_id(id) {}
 };
 
 /// A collected response: the query's wr_id and the counter's values when it was answered.
@@ -162,7 +169,7 @@ class cmd_completion {
   /// Issues an asynchronous query of `c`, answered on this object with `wr_id`. EAGAIN when
   /// 1 MiB of responses is outstanding (nothing changes); EINVAL when `c` is empty or belongs
   /// to another device.
-  std::error_code query(const counter& c, std::uint64_t wr_id) noexcept;
+  std::error_code query(counter_view c, std::uint64_t wr_id) noexcept;
   /// Issues a batch (one queue operation, one engine wake-up). Returns how many of the first
   /// requests were accepted; fewer than reqs.size() sets ec (EAGAIN, EINVAL).
   std::size_t query(std::span<const query_request> reqs, std::error_code& ec) noexcept;

@@ -1,67 +1,31 @@
 // compcntr:credits -- per-peer credit flow control over completion counters (MPI runtimes).
 //
-// Purpose: a runtime may have at most `credits_per_peer` operations in flight to each peer
-// (receive buffers the peer posted, send-queue slots, an RMA window). It counts what it issued
-// in software and lets the network count what came back: each peer has a completion counter
-// (attach it to the QP, or bind it to a libfabric CQ bridge), and a completion of an operation
-// to that peer returns its credit. This is the MPICH pattern (a software "issued" count compared
-// with a completion counter, blocking when too far apart) as one object. Reference:
-// docs/credits.md.
+// Purpose: at most `credits_per_peer` operations in flight to each peer (receive buffers the
+// peer posted, send-queue slots, an RMA window). The tracker counts what was issued; the network
+// counts what came back into each peer's completion counter (attach it to the QP, or bind it to
+// a libfabric CQ bridge). The MPICH pattern as one object. Per peer: outstanding = issued -
+// (value + errors of its counter), modulo the counter's range; acquire(p, n) takes n credits in
+// one CAS when outstanding + n <= credits_per_peer, else waits (wait hook, backoff, sleep);
+// release(p, n) gives back credits that will never complete; flush(p) waits for everything
+// issued (MPI_Win_flush). Design notes: src/features/credits/credits.cpp; docs/credits.md.
 //
-// Model, per peer p (all counts unsigned 64-bit, compared modulo the counter's range):
-//   issued(p)      credits ever taken by acquire() (a lock-free atomic of the tracker)
-//   completed(p)   value + errors of p's counter: network completions, successful or not, and
-//                  credits given back by release()
-//   outstanding(p) = issued(p) - completed(p), never more than credits_per_peer.
-//   acquire(p, n) takes n credits when outstanding + n <= credits_per_peer, atomically (one CAS
-//   on issued), else waits (compcntr::wait_since on the completion count that would admit it:
-//   spin, back off, sleep in the kernel; progress hooks run meanwhile).
-//   release(p, n) gives back n credits whose operations will never complete into the counter
-//   (cancelled before they were posted): it adds n to the counter (a "software completion"),
-//   refusing more than is outstanding.
-// Errors: an operation that completed in error is over and returns its credit (the counter's
-// error count is part of completed). A call that has to wait reports the failure: it returns
-// io_error when the error count changes during the call (sampled by its first check) and the
-// change did not satisfy it; a call satisfied at the same check succeeds (compcntr::wait's rule).
-// Inconsistent counts (completed ahead of issued: the counter was set(), counts completions that
-// took no credit, or a credit was both released and completed) are value_too_large (EOVERFLOW).
+// Requirements: WRS counters, changed only by completions of credited operations and release()
+// (no set(), no add()); the tracker outlives every call on it; any number of threads.
+// Guarantees: no over-subscription, whatever the races: the acquire that brings issued(p) to I
+// returns only after I - credits_per_peer completions or releases of p that happened-before
+// it. A refused call changes nothing. An error completion returns its credit; a waiting call
+// reports io_error when the error count changes without admitting it. Inconsistent counts
+// (completed ahead of issued) are value_too_large. Wrap-around is exact (credits_per_peer is at
+// most a quarter of the counter range).
+// Memory ordering: acquire success is acquire (the counter is read with acquire loads before a
+// relaxed CAS on issued: admission depends only on the modification order of issued and on the
+// counter being monotone); release takes a per-peer spin lock and adds with a seq_cst RMW
+// (waking acquirers); flush success is acquire.
 //
-// Requirements: the counters are WRS counters (one error = one operation = one credit). Nothing
-// but completions of credited operations and release() may change them (no set(), no add()).
-// The tracker outlives every call on it. Any number of threads may acquire, release, flush and
-// complete for the same peer at once.
-// Guarantees: no over-subscription, whatever the races (acquirers, completions, releases): the
-// acquire that brings issued(p) to I returns only after I - credits_per_peer completions or
-// releases of p that happened-before it. acquire never takes credits it does not return
-// success for; a refused call (any error) changes nothing.
-//
-// Wrap-around: every difference is taken modulo max_value + 1 of the device (2^64 on the
-// software device), so issued and completed may wrap freely: outstanding stays exact while it
-// is below half that range (credits_per_peer is limited to a quarter of it). Waiters wait on a
-// distance modulo that range (detail::wait_slow_distance: "n more than the value I saw"), so a
-// counter that wraps on the way, or jumps over the goal and wraps, still wakes them.
-//
-// Memory ordering:
-//   * acquire success: the counter is read with acquire loads before the CAS on issued, so
-//     everything the thread that completed (or released) the operations whose credits were
-//     reused wrote before its completion is visible after acquire returns. The CAS itself is
-//     relaxed: admission depends only on the modification order of `issued` (the CAS reads its
-//     latest value) and on the counter being monotone (an earlier read is never larger than its
-//     value at the CAS), so it needs no fence; acquire loads keep the read of issued after the
-//     read of the counter (a stale completed count only makes admission stricter, and a stale
-//     issued count fails the CAS).
-//   * release: a per-peer spin lock (acquire exchange / release store) serialises releasers of
-//     one peer, so two releases can never both pass the "outstanding >= n" check; the counter
-//     add inside is a seq_cst RMW (it wakes sleeping acquirers, compcntr:slot). Acquirers,
-//     completions and flushes never take this lock.
-//   * flush success: acquire (acquire loads of the counter, or compcntr::wait_since).
-//
-// Example (the MPICH pattern; see examples/credits.c for the C version over loopback QPs):
-//     std::error_code ec;
+// Example (see examples/credits.c for the C version over loopback QPs):
 //     auto tr = compcntr::credit_tracker::create(dev, npeers, 64, ec);
 //     qp_to[p].attach(tr.peer_counter(p), compcntr::attach_op::send, ec);   // in RESET
-//     ...
-//     if (tr.acquire(p, 1, compcntr::wait_forever, {.progress = poll_net}) == std::errc{})
+//     if (tr.acquire(p, 1, compcntr::wait_forever, {.hook = poll_net}) == std::errc{})
 //       qp_to[p].post_send(...);                 // its completion returns the credit
 //     tr.flush(p, compcntr::wait_forever);       // MPI_Win_flush: all of p's operations done
 module;
@@ -90,7 +54,7 @@ struct credit_peer {
   /// Serialises release() calls for this peer (0 free, 1 held).
   std::atomic<std::uint32_t> release_lock{0};
   /// The peer's completion counter (owned by the tracker, or by whoever adopted it).
-  counter* c = nullptr;
+  counter_view c;
 };
 
 /// What one admission check found. Internal.
@@ -148,6 +112,9 @@ class credit_tracker {
   /// tracker; peer i is counters[i]). issued starts at each counter's value + errors: what the
   /// counters counted before is not outstanding, so adopt quiescent counters. EINVAL also for
   /// an empty list, a null or empty counter, a BYTES counter or more than 2^32 - 1 counters.
+  static credit_tracker adopt(const device& dev, std::span<const counter_view> counters,
+                              std::uint64_t credits_per_peer, std::error_code& ec) noexcept;
+  /// adopt() over pointers (a null pointer is EINVAL).
   static credit_tracker adopt(const device& dev, std::span<counter* const> counters,
                               std::uint64_t credits_per_peer, std::error_code& ec) noexcept;
 
@@ -188,7 +155,7 @@ class credit_tracker {
 
   /// The peer's completion counter: attach it to the QP (SEND) or bridge whose completions
   /// return this peer's credits. Precondition: peer < peers().
-  inline const counter& peer_counter(std::uint32_t peer) const noexcept { return *peers_[peer]->c; }
+  inline counter_view peer_counter(std::uint32_t peer) const noexcept { return peers_[peer]->c; }
 
   /// Credits taken so far (modulo 2^64). Precondition: peer < peers(). Memory ordering: relaxed.
   inline std::uint64_t issued(std::uint32_t peer) const noexcept {
@@ -196,13 +163,13 @@ class credit_tracker {
   }
   /// value + errors of the peer's counter (modulo its range). Precondition: peer < peers().
   inline std::uint64_t completed(std::uint32_t peer) const noexcept {
-    const counter& c = *peers_[peer]->c;
+    const counter_view c = peers_[peer]->c;
     return (c.value() + c.errors()) & mask_;
   }
   /// issued - completed modulo the counter's range: <= credits_per_peer() while the counts are
   /// consistent, above half the range when they are not. Precondition: peer < peers().
   inline std::uint64_t outstanding(std::uint32_t peer) const noexcept {
-    const counter& c = *peers_[peer]->c;
+    const counter_view c = peers_[peer]->c;
     const std::uint64_t done = c.value() + c.errors();  // before issued (acquire loads)
     return (peers_[peer]->issued.load(std::memory_order_relaxed) - done) & mask_;
   }
@@ -214,8 +181,8 @@ class credit_tracker {
   /// One admission check for `n` credits: reads the counter first, then CASes issued.
   /// Memory ordering: file comment.
   inline detail::credit_check try_take(detail::credit_peer& p, std::uint64_t n) noexcept {
-    const std::uint64_t v = p.c->value();   // acquire
-    const std::uint64_t e = p.c->errors();  // acquire: the load of issued stays after both
+    const std::uint64_t v = p.c.value();   // acquire
+    const std::uint64_t e = p.c.errors();  // acquire: the load of issued stays after both
     std::uint64_t i = p.issued.load(std::memory_order_relaxed);
     for (;;) {
       const std::uint64_t out = (i - v - e) & mask_;

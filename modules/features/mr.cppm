@@ -18,8 +18,10 @@
 //     returns no compcntr call touches the buffer again. A receive still posted on a region that
 //     was deregistered completes in error when a send reaches it.
 //   * the region holds a reference to its device (close is EBUSY while it lives).
-// Thread safety: regions may be registered and deregistered from any thread, concurrently with
-// traffic on any QP.
+//   * regions may be registered and deregistered from any thread, concurrently with traffic on
+//     any QP.
+// Memory ordering: deregistration takes the device's registration lock exclusively, copies take
+// it shared, so a copy either finished before dereg() returns or never starts.
 //
 // Example:
 //     std::vector<char> buf(4096);

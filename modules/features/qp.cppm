@@ -1,57 +1,28 @@
 // compcntr:qp -- queue pairs, and attaching counters to them (where completions come from).
 //
-// Purpose: a QP is where work requests complete. Counters attached to it count those
-// completions: per operation type, at most one counter per QP; one counter may serve many QPs.
+// Purpose: a QP is where work requests complete; counters attached to it count those
+// completions, per operation type. Two kinds: software loopback QPs (device "soft",
+// device::create_qp) that really move bytes between registered buffers and really complete or
+// fail; and wrapped verbs QPs (device::wrap_verbs_qp), the application's own ibv_qp, counted
+// natively (rdma-core 65+) or by draining its CQ in device progress (docs/verbs.md). Full rules,
+// including the loopback data path table: docs/qp.md.
 //
-// Two kinds of QP:
-//   * software loopback QPs (device "soft", compcntr::device::create_qp): in-process QPs that
-//     really move bytes between registered buffers and really complete or fail (rules below);
-//   * wrapped verbs QPs (compcntr::device::wrap_verbs_qp): the application's own ibv_qp, counted
-//     natively by the device (rdma-core 65+ ibv_qp_attach_comp_cntr) or by draining its CQ
-//     (emulation, driven by compcntr::progress; see docs/verbs.md).
-//
-// Attach rules (verbs ibv_qp_attach_comp_cntr, exactly):
-//   * comp_mask != 0 or an empty op_mask: EINVAL. Bits outside the QP's supported ops
-//     (the device's supported_qp_attach_ops): ENOTSUP. QP not in RESET or INIT: EINVAL.
-//     Counter of another device: EINVAL. An op already served by a counter on this QP: EBUSY.
-//     A refused attach changes nothing (no partial attach).
-//   * no detach: the attachments end when the QP is destroyed. Destroying an attached counter
-//     with counter::destroy is EBUSY (it stays usable); its RAII destructor lets it live on until
-//     the last QP serving into it is destroyed.
-//   * local ops (SEND, RECV, RDMA_READ, RDMA_WRITE) count what this side initiated: success adds
-//     to the completion count, failure adds 1 to the error count. REMOTE_RDMA_READ/WRITE count
-//     incoming accesses that succeeded. WRS counters add 1, BYTES counters add the length.
-//     The error count always counts failed work requests (+1), for both types: a failed
-//     operation moved no byte.
-//
-// Software loopback data path (see docs/qp.md for the full table):
-//   * states: RESET -> INIT (modify) -> RTS (connect pairs two INIT QPs of one device), and any
-//     state -> ERR. Posting needs RTS, else EINVAL and nothing happens.
-//   * a send completes on both sides when it meets a receive, whichever was posted first; the
-//     receive's count is the message length. A send longer than the receive buffer completes in
-//     error on both sides and no byte is written.
-//   * a bad lkey, a range outside its registration or a missing access right completes the
-//     initiator's operation in error and moves no byte; the target's counters are untouched.
-//   * an error completion moves the QP to ERR (verbs rule): its outstanding work (posted
-//     receives, sends waiting for a receive) completes in error ("flush"), later posts are EINVAL.
-//     A send or RDMA towards a peer in ERR (or destroyed) fails on the initiator. Sends waiting
-//     for a peer that enters ERR fail, which moves their QP to ERR too. modify(ERR) flushes the
-//     same way. Destroying a QP completes nothing (as verbs: its CQ entries are gone).
-//   * every completion is visible in its counters when the call that completed it returns (the
-//     post itself, or the post_recv that matched a waiting send).
-// Thread safety: every QP call may be made from any thread, concurrently on the same QP or on
-// others, except destroying a QP while another thread still uses it. The software data path
-// serialises the two QPs of a connected pair on one mutex (QP pairs are independent); counters
-// stay lock-free atomics.
-// Memory ordering: a counter update made by a completion is a seq_cst RMW (compcntr:slot), made
-// after the bytes were copied: a thread that reads the new counter value (acquire) also sees the
-// received bytes. The per-op attach table entries are atomics written (release) only while the
-// QP is in RESET/INIT and read (acquire) by completions.
+// Requirements: attach only in RESET or INIT; a counter of the QP's device. Any QP call may come
+// from any thread, concurrently, except destroying a QP while another thread still uses it.
+// Guarantees (attach: verbs ibv_qp_attach_comp_cntr, exactly): comp_mask != 0 or an empty mask
+// is EINVAL, bits the QP cannot count ENOTSUP, another device's counter EINVAL, an op already
+// served EBUSY; a refused attach changes nothing. At most one counter per op per QP; one counter
+// may serve many QPs. No detach: attachments end with the QP, which holds a reference to each
+// counter (compcntr:lifetime). Local ops count what this side initiated (success: +1 or +length,
+// failure: errors +1); REMOTE_* count the peer's successful accesses. A completion is visible in
+// its counters when the call that completed it returns; an error completion moves the QP to ERR
+// and flushes its outstanding work (verbs rule).
+// Memory ordering: a completion's counter update is a seq_cst RMW made after the bytes were
+// copied, so a reader that sees the new value (acquire) sees the bytes. The per-op attach table
+// is written (release) only in RESET/INIT and read (acquire) by completions.
 //
 // Example:
-//     auto a = dev.create_qp(ec), b = dev.create_qp(ec);
-//     auto sent = dev.create_counter(compcntr::counter_type::wrs, ec);
-//     a.attach(sent, compcntr::attach_op::send, ec);          // in RESET
+//     a.attach(sent, compcntr::attach_op::send, ec);          // a in RESET
 //     a.modify(compcntr::qp_state::init, ec);  b.modify(compcntr::qp_state::init, ec);
 //     a.connect(b, ec);                                        // both RTS
 //     b.post_recv(1, rbuf, 64, rmr.lkey(), ec);
@@ -287,11 +258,11 @@ class qp {
   /// move to RTS. EINVAL otherwise (same QP, other device, wrong state); ENOTSUP for verbs QPs.
   void connect(qp& peer, std::error_code& ec) noexcept;
   /// Attaches `c` for the attach_op bits of `opts.op_mask` (rules in the file comment).
-  void attach(const counter& c, const attach_options& opts, std::error_code& ec) noexcept;
-  inline void attach(const counter& c, std::uint32_t op_mask, std::error_code& ec) noexcept {
+  void attach(counter_view c, const attach_options& opts, std::error_code& ec) noexcept;
+  inline void attach(counter_view c, std::uint32_t op_mask, std::error_code& ec) noexcept {
     attach(c, attach_options{.comp_mask = 0, .op_mask = op_mask}, ec);
   }
-  inline void attach(const counter& c, attach_op op, std::error_code& ec) noexcept {
+  inline void attach(counter_view c, attach_op op, std::error_code& ec) noexcept {
     attach(c, static_cast<std::uint32_t>(op), ec);
   }
 

@@ -9,26 +9,26 @@
 // driven, stores the answers into the mirrors and starts the next batch.
 //
 // Requirements: counters are watched explicitly (watch/unwatch) and must be device-held
-// (slot.hw != nullptr) counters of the refresher's device. progress() is driven by the caller:
-// from a polling helper's progress hook (progress_hook is a C-compatible trampoline), or from an
-// epoll loop on fd(), which polls readable when answers are waiting.
+// (slot.hw != nullptr) counters of the refresher's device. refresh() is driven by the caller:
+// from a wait's hook (refresh_hook is one: `.hook = &mirror_refresher::refresh_hook`), or from
+// an epoll loop on fd(), which polls readable when answers are waiting.
 // Guarantees:
-//   * progress() never blocks: if another thread is inside progress(), watch() or unwatch(), it
+//   * refresh() never blocks: if another thread is inside refresh(), watch() or unwatch(), it
 //     returns 0 at once. It stores every answer that has arrived, then, once the whole round is
 //     answered (and min_interval has passed since it started), issues the next round.
 //   * one round at a time, so a mirror never moves back to an older device value; each round
 //     is issued as one batch (one queue push, one engine wake-up on the software engine).
 //   * a watched counter may be destroyed at any time (destroy is never EBUSY because of the
 //     refresher): its slot stays bound until the next round start or unwatch/reset drops it.
-//   * an epoll loop that calls progress() whenever fd() is readable refreshes continuously at
-//     device speed; use min_interval (or call progress() from a timer) to pace it.
+//   * an epoll loop that calls refresh() whenever fd() is readable refreshes continuously at
+//     device speed; use min_interval (or call refresh() from a timer) to pace it.
 // Memory ordering: a mirror update is two seq_cst stores (value, errors) followed by
 // slot::notify(), the same protocol as a software update, so waiters on the counter wake.
 //
 // Example:
 //     auto r = compcntr::mirror_refresher::create(dev, ec);
 //     r.watch(counter);
-//     while (counter.value() < goal) r.progress();   // or from a wait's progress hook
+//     while (counter.value() < goal) r.refresh();    // or as a wait's hook (refresh_hook)
 module;
 #include <atomic>
 #include <chrono>
@@ -83,19 +83,25 @@ class mirror_refresher {
   /// Starts refreshing `c`'s mirror from the next round on. EINVAL: empty counter, counter of
   /// another device, or a software counter (its slot is the value: nothing to refresh);
   /// EEXIST: already watched; ENOMEM.
-  std::error_code watch(const counter& c) noexcept;
+  std::error_code watch(counter_view c) noexcept;
   /// Stops refreshing `c`; an answer already in flight for it is ignored. ENOENT if not watched.
-  std::error_code unwatch(const counter& c) noexcept;
+  std::error_code unwatch(counter_view c) noexcept;
 
   /// Stores every answer that has arrived into its mirror; starts the next round when this one
   /// is complete. Returns the number of mirrors written. Never blocks.
-  std::size_t progress() noexcept;
-  /// progress() for C-style progress hooks: `refresher` is a mirror_refresher*.
-  inline static int progress_hook(void* refresher) noexcept {
-    return static_cast<int>(static_cast<mirror_refresher*>(refresher)->progress());
+  std::size_t refresh() noexcept;
+  /// refresh() as a wait hook (compcntr::wait_options::hook): `refresher` is a
+  /// mirror_refresher*.
+  inline static void refresh_hook(void* refresher) noexcept {
+    static_cast<mirror_refresher*>(refresher)->refresh();
+  }
+  /// The former names of refresh() and refresh_hook (until 0.2; progress_hook returns the count).
+  [[deprecated("use refresh()")]] inline std::size_t progress() noexcept { return refresh(); }
+  [[deprecated("use refresh_hook")]] inline static int progress_hook(void* refresher) noexcept {
+    return static_cast<int>(static_cast<mirror_refresher*>(refresher)->refresh());
   }
 
-  /// The cmd_comp fd: readable while answers wait for progress().
+  /// The cmd_comp fd: readable while answers wait for refresh().
   int fd() const noexcept;
   /// Counters watched now.
   std::size_t watched() const noexcept;

@@ -107,7 +107,7 @@ struct compcntr_credits* compcntr_credits_create(struct compcntr_device* dev, ui
     if (ec) return undo(ec);
     c->pub.context = dev;
     c->pub.handle = c->cxx.index();
-    cr->pins[i] = dev->dev.resolve(c->cxx.handle(), ec);
+    cr->pins[i] = dev->dev.resolve(c->cxx.id(), ec);
     if (ec) return undo(ec);
     cxx[i] = &c->cxx;
   }

@@ -99,7 +99,7 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
   s->type = opts.type;
   // The device reference first: from here on the slot is a counter like any other, and a
   // failed bind gives it back the way a destroyed counter goes (last reference drops it). It
-  // must not go straight back to the pool: a resolver holding a stale handle of the slot's
+  // must not go straight back to the pool: a resolver holding a stale id of the slot's
   // previous counter may have taken a reference since the pool handed it out (its CAS sees
   // refs == 1), and that reference must be dropped on this slot, not on the slot's next owner.
   core_->retain();

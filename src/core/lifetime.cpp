@@ -1,4 +1,4 @@
-// Slot lifetime (compcntr:lifetime): the free path, pins, the checked destroy and handle
+// Slot lifetime (compcntr:lifetime): the free path, pins, the checked destroy and id
 // resolution. The transitions and their memory ordering are stated in modules/core/lifetime.cppm.
 module;
 #include <atomic>
@@ -61,16 +61,16 @@ void unpin_slot(slot& s) noexcept {
   if (s.pins.fetch_sub(1, std::memory_order_acq_rel) == (pins_dead | 1u)) finish_counter_slot(s);
 }
 
-slot* resolve_counter_slot(slot_pool& pool, counter_handle h, std::error_code& ec) noexcept {
+slot* resolve_counter_slot(slot_pool& pool, counter_id h, std::error_code& ec) noexcept {
   slot* s = pool.find(h.index);
   if (!s) {
-    fail_into(ec, EINVAL, "resolve: counter handle {index %u, generation %llu} names no counter "
+    fail_into(ec, EINVAL, "resolve: counter id {index %u, generation %llu} names no counter "
               "slot of this device", h.index, static_cast<unsigned long long>(h.generation));
     return nullptr;
   }
   auto stale = [&] {
     const std::uint64_t now = s->generation.load(std::memory_order_relaxed);
-    fail_into(ec, ESTALE, "resolve: counter handle {index %u, generation %llu} is stale: its "
+    fail_into(ec, ESTALE, "resolve: counter id {index %u, generation %llu} is stale: its "
               "counter was destroyed (slot %u is at generation %llu)", h.index,
               static_cast<unsigned long long>(h.generation), h.index,
               static_cast<unsigned long long>(now));
@@ -82,7 +82,7 @@ slot* resolve_counter_slot(slot_pool& pool, counter_handle h, std::error_code& e
   // 2. Take a reference, but never revive a counter whose last reference is gone (refs == 0:
   //    being destroyed, or free in the pool).
   if (!take_counter_ref(*s)) return stale();
-  // 3. The reference is on the handle's counter unless the slot was recycled between 1 and 2:
+  // 3. The reference is on the id's counter unless the slot was recycled between 1 and 2:
   //    our CAS read refs written by (or after) the new owner's reset_slot (release), so the
   //    generation bump of the recycling release is visible here.
   gen = s->generation.load(std::memory_order_acquire);

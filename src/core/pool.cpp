@@ -1,5 +1,45 @@
 // Slot pool (compcntr:pool): per-node tagged Treiber stacks of slot indices and bump words over
 // arenas created on demand. The hwloc calls live in src/core/numa_topology.cpp.
+//
+// Design.
+//   * topology: an hwloc topology loaded once per pool (the real machine, honouring hwloc's own
+//     HWLOC_SYNTHETIC / HWLOC_XMLFILE variables, or a synthetic description / XML file given in
+//     pool_config). Nodes are named by their OS index (the kernel's node number, as in numactl,
+//     /sys/devices/system/node and hwloc_get_area_memlocation).
+//   * arenas: blocks of arena_slots() slots, each allocated for one node with
+//     hwloc_alloc_membind(nodeset, HWLOC_MEMBIND_BIND) and grown on demand. A slot's index is
+//     arena * arena_slots() + position; arenas are never freed before the pool dies, so a slot
+//     pointer or index stays dereferenceable (a stale one is recognised by its generation).
+//     A slot is constructed when first handed out, so an arena's pages become resident only as
+//     its slots are used: resident pool memory is 128 B per slot ever used (plus at most one
+//     partly used page per node), not per slot reserved.
+//   * per node: a Treiber stack of free slot indices (head = 32-bit tag << 32 | index + 1, the tag
+//     defeats ABA) and a bump word (arena + 1) << 32 | next position for never-used slots of the
+//     node's current arena.
+//
+// Placement: allocate(-1) uses the node local to the CPU the calling thread runs on (of the
+// NUMA nodes whose cpuset holds that CPU, the one with the smallest cpuset: a package's DRAM
+// rather than a CPU-less memory node attached to the whole machine; CPUs the topology does not
+// know go to the first node); allocate(n) uses OS node n, EINVAL if the topology has no node
+// n. The CPU comes from the kernel's rseq area (what glibc's sched_getcpu() and
+// hwloc_get_last_cpu_location(HWLOC_CPUBIND_THREAD) return on Linux, read in ~0.2 ns;
+// sched_getcpu() itself is the fallback), or from pool_config::current_cpu. It is read
+// on every allocation, never cached: it costs less than a cache lookup and is never stale after a
+// thread re-binds itself. A one-node topology skips it entirely.
+//
+// When the chosen node has no free slot: (1) take a never-used slot of its current arena, (2)
+// grow it by one arena if the arena budget allows, (3) otherwise take a free slot of another node
+// (the slot reports its real node through slot::numa_node; so does compcntr_comp_cntr_numa_node).
+// The arena budget is ceil(capacity / arena_slots) + nodes - 1 arenas: every node can get an
+// arena of its own, and the address space reserved never exceeds that budget times
+// arena_slots * 128 bytes, i.e. less than (capacity + nodes * arena_slots) * 128 bytes (resident
+// memory follows the slots really used, see "arenas" above). Step (3) only happens once that
+// budget is spent; it always finds a slot because the budget covers `capacity` slots.
+//
+// Memory binding: arenas are bound with hwloc when the topology is the running system and the
+// OS supports binding. On synthetic or XML topologies (or if binding is refused) arenas are plain
+// page-aligned memory; the pool reports that through memory_bound() / status(), and the slots
+// still report the node they were assigned to (placement logic is the same, memory is not moved).
 module;
 #include <atomic>
 #include <cerrno>

@@ -323,7 +323,7 @@ TEST_CASE("a failed bind with a stale resolver's reference never frees the slot'
   REQUIRE(!ec);
   auto c1 = dev.create_counter(compcntr::counter_type::wrs, ec);
   REQUIRE(!ec);
-  const compcntr::counter_handle h = c1.handle();
+  const compcntr::counter_id h = c1.id();
   compcntr::detail::slot* s = c1.native_slot();
   REQUIRE(s->generation.load() == h.generation);  // resolver step 1
   c1.reset();

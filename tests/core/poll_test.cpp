@@ -159,8 +159,8 @@ TEST_CASE("poll_any: a sleeping poller is woken by any of its counters, in every
     std::atomic<bool> inside{false};
     compcntr::wait_options o;
     o.spin = spins[round / 2];
-    o.progress = [](void* p) { static_cast<std::atomic<bool>*>(p)->store(true); };
-    o.progress_ctx = &inside;
+    o.hook = [](void* p) { static_cast<std::atomic<bool>*>(p)->store(true); };
+    o.hook_ctx = &inside;
     std::atomic<int> status{-1};
     std::atomic<std::size_t> index{99};
     std::thread poller([&] {
@@ -217,12 +217,12 @@ TEST_CASE("poll_any: progress hooks keep running while the poller sleeps") {
     int calls = 0;
   } x{&cs[1], 0};
   compcntr::wait_options o = forced_sleep();
-  o.progress = [](void* p) {
+  o.hook = [](void* p) {
     auto* x = static_cast<ctx_t*>(p);
     if (++x->calls == 20) x->c->add(1);
   };
-  o.progress_ctx = &x;
-  o.progress_interval = 1ms;
+  o.hook_ctx = &x;
+  o.hook_interval = 1ms;
   std::vector<std::uint64_t> th{1, 1};
   const auto r = compcntr::poll_any(cs, th, 30s, o);
   CHECK(r.status == std::errc{});

@@ -108,8 +108,8 @@ TEST_CASE("wait: errors before the wait do not count, errors during it are EIO")
     CAPTURE(m.name);
     std::atomic<bool> inside{false};
     compcntr::wait_options o = with_spin(m.spin);
-    o.progress = mark_inside;
-    o.progress_ctx = &inside;
+    o.hook = mark_inside;
+    o.hook_ctx = &inside;
     std::atomic<int> result{-1};
     std::thread waiter([&] { result = static_cast<int>(compcntr::wait(c, 100, 30s, o)); });
     REQUIRE(eventually([&] { return inside.load(); }));
@@ -160,8 +160,8 @@ TEST_CASE("wait: woken by another thread's increments, in every mode") {
     target += 3;
     std::atomic<bool> inside{false};
     compcntr::wait_options o = with_spin(m.spin);
-    o.progress = mark_inside;
-    o.progress_ctx = &inside;
+    o.hook = mark_inside;
+    o.hook_ctx = &inside;
     std::atomic<int> result{-1};
     std::atomic<std::uint64_t> seen{0};
     std::thread waiter([&] {
@@ -236,8 +236,8 @@ TEST_CASE("wait: progress hooks run before the first check and between bounded s
   // Test once: the hook runs once, before the check.
   ctx_t once{&c, 0, 1};
   compcntr::wait_options o;
-  o.progress = hook;
-  o.progress_ctx = &once;
+  o.hook = hook;
+  o.hook_ctx = &once;
   CHECK(compcntr::wait(c, 1, 0ms, o) == std::errc{});
   CHECK(once.calls == 1);
 
@@ -247,9 +247,9 @@ TEST_CASE("wait: progress hooks run before the first check and between bounded s
     CAPTURE(m.name);
     ctx_t x{&c, 0, 25};
     o = with_spin(m.spin);
-    o.progress = hook;
-    o.progress_ctx = &x;
-    o.progress_interval = 1ms;
+    o.hook = hook;
+    o.hook_ctx = &x;
+    o.hook_interval = 1ms;
     const std::uint64_t before = c.value();
     CHECK(compcntr::wait(c, before + 1, 30s, o) == std::errc{});
     CHECK(x.calls == 25);
@@ -288,7 +288,7 @@ TEST_CASE("wait: hardware-backed counters are refreshed while waiting, even when
     const std::uint64_t target = hw_value.load() + 1;
     std::atomic<int> result{-1};
     compcntr::wait_options o = with_spin(m.spin);
-    o.progress_interval = 1ms;
+    o.hook_interval = 1ms;
     std::thread waiter([&] { result = static_cast<int>(compcntr::wait(c, target, 30s, o)); });
     REQUIRE(eventually([&] { return hw_refreshes.load() >= 3; }));
     c.add(1);  // the device counts; nothing notifies: only refresh can see it
@@ -333,8 +333,8 @@ TEST_CASE("wait: an idle waiter sleeps (thread CPU time a small fraction of wall
   // With a progress hook the waiter wakes every 1 ms; it must still be mostly asleep.
   compcntr::wait_options o;
   int calls = 0;
-  o.progress = [](void* p) { ++*static_cast<int*>(p); };
-  o.progress_ctx = &calls;
+  o.hook = [](void* p) { ++*static_cast<int*>(p); };
+  o.hook_ctx = &calls;
   const run hooked = idle_wait(o);
   CAPTURE(hooked.cpu_ms);
   CAPTURE(calls);
@@ -432,12 +432,12 @@ TEST_CASE("wait_options: an aggregate with designated initializers (docs/wait.md
     compcntr::counter* c;
     int drained = 0;
   } cq{&c};
-  const compcntr::wait_options o{.progress = [](void* q) {
+  const compcntr::wait_options o{.hook = [](void* q) {
                                    auto* x = static_cast<queue*>(q);
                                    if (++x->drained == 3) x->c->add(1);
                                  },
-                                 .progress_ctx = &cq,
-                                 .progress_interval = 200us};
+                                 .hook_ctx = &cq,
+                                 .hook_interval = 200us};
   CHECK(o.spin == compcntr::default_spin);
   const compcntr::counter* one[] = {&c};
   const std::uint64_t th[] = {1};

@@ -39,12 +39,12 @@ struct fake_setup {
   }
 };
 
-/// Drives progress() until two more rounds have completed: the second one was issued after
+/// Drives refresh() until two more rounds have completed: the second one was issued after
 /// this call started, so every device update made before the call is in the mirrors.
 bool refresh_fully(compcntr::mirror_refresher& r) {
   const std::uint64_t goal = r.rounds() + 2;
   return eventually([&] {
-    r.progress();
+    r.refresh();
     return r.rounds() >= goal;
   });
 }
@@ -92,14 +92,14 @@ TEST_CASE("an epoll loop on the refresher's fd drives it") {
   epoll_event ev{};
   ev.events = EPOLLIN;
   REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, r.fd(), &ev) == 0);
-  r.progress();  // starts the first round
+  r.refresh();  // starts the first round
   c.add(12);
   int wakeups = 0;
   while (c.value() != 12 && wakeups < 1000) {
     epoll_event out{};
     REQUIRE(::epoll_wait(ep, &out, 1, 30000) == 1);  // the timeout only guards against a hang
     ++wakeups;
-    r.progress();
+    r.refresh();
   }
   CHECK(c.value() == 12);
   CHECK(wakeups >= 1);
@@ -154,12 +154,12 @@ TEST_CASE("unwatch mid-round ignores the late answer; reset releases everything"
   auto c = f.counter();
   c.add(5);
   REQUIRE_FALSE(r.watch(c));
-  r.progress();            // round in flight for c
+  r.refresh();            // round in flight for c
   REQUIRE_FALSE(r.unwatch(c));
-  REQUIRE(eventually([&] { r.progress(); return r.rounds() >= 1; }));
+  REQUIRE(eventually([&] { r.refresh(); return r.rounds() >= 1; }));
   CHECK(c.value() == 0);  // the answer arrived for an unwatched counter: not stored
   REQUIRE_FALSE(r.watch(c));
-  r.progress();
+  r.refresh();
   c.reset();
   r.reset();               // discards the round in flight, lets the destroyed counter go
   CHECK(f.dev.live_counters() == 0);
@@ -168,7 +168,7 @@ TEST_CASE("unwatch mid-round ignores the late answer; reset releases everything"
   CHECK_FALSE(ec);
 }
 
-TEST_CASE("progress from many threads at once (hooks of several waiters)") {
+TEST_CASE("refresh from many threads at once (hooks of several waiters)") {
   fake_setup f;
   auto r = f.refresher();
   std::vector<compcntr::counter> cs;
@@ -180,7 +180,7 @@ TEST_CASE("progress from many threads at once (hooks of several waiters)") {
   std::vector<std::thread> drivers;
   for (int t = 0; t < 3; ++t)
     drivers.emplace_back([&] {
-      while (!done) compcntr::mirror_refresher::progress_hook(&r);
+      while (!done) compcntr::mirror_refresher::refresh_hook(&r);
     });
   for (int k = 0; k < 2000; ++k) cs[k % 16].add(1);
   // Each mirror reaches its device value while other threads drive the refresher.
@@ -199,9 +199,9 @@ TEST_CASE("min_interval paces the rounds") {
   auto r = f.refresher(std::chrono::hours(1));
   auto c = f.counter();
   REQUIRE_FALSE(r.watch(c));
-  REQUIRE(eventually([&] { r.progress(); return r.rounds() >= 1; }));
+  REQUIRE(eventually([&] { r.refresh(); return r.rounds() >= 1; }));
   const std::uint64_t queried = f.st->queried.load();
-  for (int i = 0; i < 100; ++i) r.progress();
+  for (int i = 0; i < 100; ++i) r.refresh();
   CHECK(r.rounds() == 1);
   CHECK(f.st->queried.load() == queried);  // no new round within the hour
 }

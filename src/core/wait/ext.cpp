@@ -153,7 +153,7 @@ void arm_slot_fd(slot& s, std::error_code& ec) noexcept {
 
 namespace compcntr {
 
-int pollable_fd(const counter& c, std::error_code& ec) noexcept {
+int pollable_fd(counter_view c, std::error_code& ec) noexcept {
   if (!c) {
     detail::fail_into(ec, EINVAL, "get_fd: the counter is empty (moved from or destroyed)");
     return -1;
@@ -161,7 +161,7 @@ int pollable_fd(const counter& c, std::error_code& ec) noexcept {
   return detail::slot_fd(*c.native_slot(), ec);
 }
 
-void arm_fd(const counter& c, std::error_code& ec) noexcept {
+void arm_fd(counter_view c, std::error_code& ec) noexcept {
   if (!c) {
     detail::fail_into(ec, EINVAL, "arm_fd: the counter is empty (moved from or destroyed)");
     return;

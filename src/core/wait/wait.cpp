@@ -93,7 +93,7 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check
     const bool spin_always = o.spin >= max_finite_spin;
     const bool need_clock = !spin_always || !dl.forever();
     clock::time_point spin_end = clock::time_point::max();
-    const unsigned stride = o.progress != nullptr ? 1 : clock_stride;
+    const unsigned stride = o.hook != nullptr ? 1 : clock_stride;
     for (unsigned k = 1;; ++k) {
       cpu_relax();
       if ((r = check()).done) return r;
@@ -119,8 +119,8 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check
   // 3. sleep in the kernel.
   if (!dl.started()) dl.start(clock::now());
   const nanoseconds slice =
-      o.progress_interval > std::chrono::microseconds::zero() ? nanoseconds(o.progress_interval)
-                                                              : nanoseconds(default_progress_interval);
+      o.hook_interval > std::chrono::microseconds::zero() ? nanoseconds(o.hook_interval)
+                                                              : nanoseconds(default_hook_interval);
   for (;;) {
     const clock::time_point now = clock::now();
     if (dl.passed(now)) return timed_out;
@@ -134,13 +134,13 @@ nanoseconds capped(nanoseconds rel, nanoseconds slice, bool needs_progress) noex
   return needs_progress && (rel.count() < 0 || rel > slice) ? slice : rel;
 }
 
-// The longest sleep of a waiter: `slice` (opts.progress_interval) for its own hook; the device's
+// The longest sleep of a waiter: `slice` (opts.hook_interval) for its own hook; the device's
 // progress sources and hardware-backed counters are driven at least every 1 ms
-// (default_progress_interval) whatever the hook's interval, so a caller pacing a cheap or
+// (default_hook_interval) whatever the hook's interval, so a caller pacing a cheap or
 // idle hook slowly (the fi_cntr adapter with nothing bound: 50 ms) does not slow them down.
 nanoseconds sleep_cap(nanoseconds rel, nanoseconds slice, bool hook, bool device) noexcept {
   rel = capped(rel, slice, hook);
-  return capped(rel, std::min(slice, nanoseconds(default_progress_interval)), device);
+  return capped(rel, std::min(slice, nanoseconds(default_hook_interval)), device);
 }
 
 // Whether a waiter on `s` must wake up to drive progress (besides a hook of its own): the
@@ -168,22 +168,15 @@ std::errc wait_on_empty() noexcept {
   return std::errc(fail(EINVAL, "wait: the counter is empty (moved from or destroyed)").value());
 }
 
-std::errc wait_slow(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
+std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
                     const wait_options& o) noexcept {
-  if (s.hw != nullptr && s.hw->refresh != nullptr)
-    s.hw->refresh(s);  // so a stale mirror's catch-up does not count as "during the wait"
-  return wait_slow_since(s, threshold, s.errors.load(std::memory_order_seq_cst), timeout_ms, o);
-}
-
-std::errc wait_slow_since(slot& s, std::uint64_t threshold, std::uint64_t err0,
-                          std::int64_t timeout_ms, const wait_options& o) noexcept {
-  return wait_slow_distance(s, 0, threshold, ~std::uint64_t{0}, err0, timeout_ms, o);
-}
-
-std::errc wait_slow_distance(slot& s, std::uint64_t base, std::uint64_t need, std::uint64_t mask,
-                             std::uint64_t err0, std::int64_t timeout_ms,
-                             const wait_options& o) noexcept {
   void (*const refresh)(slot&) noexcept = s.hw != nullptr ? s.hw->refresh : nullptr;
+  std::uint64_t err0 = g.errors_seen;
+  if (g.sample_errors) {
+    if (refresh != nullptr) refresh(s);  // so a stale mirror's catch-up is not "during the wait"
+    err0 = s.errors.load(std::memory_order_seq_cst);
+  }
+  const std::uint64_t base = g.base, need = g.need, mask = g.mask;
 
   auto test = [&]() noexcept -> outcome {
     if (((s.value.load(std::memory_order_seq_cst) - base) & mask) >= need) return {true, std::errc{}, 0};
@@ -194,7 +187,7 @@ std::errc wait_slow_distance(slot& s, std::uint64_t base, std::uint64_t need, st
   // a counter fed by a wrapped ibv_qp needs no hook of its own. One relaxed load when none.
   device_core& dev = *s.owner;
   auto check = [&]() noexcept -> outcome {
-    if (o.progress) o.progress(o.progress_ctx);
+    if (o.hook) o.hook(o.hook_ctx);
     dev.progress();
     if (refresh) refresh(s);
     return test();
@@ -208,7 +201,7 @@ std::errc wait_slow_distance(slot& s, std::uint64_t base, std::uint64_t need, st
     std::atomic_thread_fence(std::memory_order_seq_cst);  // registration before the checks below
     const outcome r = test();
     if (!r.done)
-      futex::wait(s.wake_seq, seq, sleep_cap(rel, slice, o.progress != nullptr, slot_needs_progress(s)));
+      futex::wait(s.wake_seq, seq, sleep_cap(rel, slice, o.hook != nullptr, slot_needs_progress(s)));
     s.watch.fetch_sub(1, std::memory_order_seq_cst);
     return r;
   };
@@ -265,7 +258,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
     return pending;
   };
   auto check = [&]() noexcept -> outcome {
-    if (o.progress) o.progress(o.progress_ctx);
+    if (o.hook) o.hook(o.hook_ctx);
     if (any_hw)
       for (std::size_t i = 0; i < n; ++i) {
         // Each device's progress sources once per check (consecutive counters usually share one).
@@ -293,8 +286,8 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
     const outcome r = test();
     if (!r.done) {
       // A slot without an extension block (no memory) cannot wake us: poll it in slices.
-      if (!all_registered) rel = capped(rel, nanoseconds(default_progress_interval), true);
-      rel = sleep_cap(rel, slice, o.progress != nullptr, any_hw);
+      if (!all_registered) rel = capped(rel, nanoseconds(default_hook_interval), true);
+      rel = sleep_cap(rel, slice, o.hook != nullptr, any_hw);
       // Dekker with notify_ext(): it bumps seq, then loads sleeping; we store sleeping, then
       // load seq. One of the two sees the other, so a bump we miss here comes with a wake.
       w.sleeping.store(1, std::memory_order_seq_cst);
@@ -328,6 +321,16 @@ poll_result poll_any(std::span<const counter> counters, std::span<const std::uin
   const detail::slot_list list{counters.data(), counters.size(),
                                [](const void* base, std::size_t i) noexcept -> detail::slot* {
                                  return static_cast<const counter*>(base)[i].native_slot();
+                               }};
+  return detail::poll_slots(list, thresholds.data(), timeout.count(), opts);
+}
+
+poll_result poll_any(std::span<const counter_view> counters, std::span<const std::uint64_t> thresholds,
+                     std::chrono::milliseconds timeout, const wait_options& opts) noexcept {
+  if (counters.size() != thresholds.size()) return length_mismatch(counters.size(), thresholds.size());
+  const detail::slot_list list{counters.data(), counters.size(),
+                               [](const void* base, std::size_t i) noexcept -> detail::slot* {
+                                 return static_cast<const counter_view*>(base)[i].native_slot();
                                }};
   return detail::poll_slots(list, thresholds.data(), timeout.count(), opts);
 }

@@ -76,9 +76,9 @@ cmd_completion cmd_completion::create(const device& dev, std::error_code& ec) no
   return cmd_completion(c);
 }
 
-std::error_code cmd_completion::query(const counter& c, std::uint64_t wr_id) noexcept {
+std::error_code cmd_completion::query(counter_view c, std::uint64_t wr_id) noexcept {
   std::error_code ec;
-  const query_request r{&c, wr_id};
+  const query_request r{c, wr_id};
   query(std::span<const query_request>(&r, 1), ec);
   return ec;
 }
@@ -92,7 +92,7 @@ std::size_t cmd_completion::query(std::span<const query_request> reqs, std::erro
     std::size_t bad = SIZE_MAX;
     for (; m < issue_chunk && done + m < reqs.size(); ++m) {
       const query_request& r = reqs[done + m];
-      detail::slot* s = (r.c != nullptr && *r.c) ? r.c->native_slot() : nullptr;
+      detail::slot* s = r.c.native_slot();
       if (s == nullptr || s->owner != &core_->device()) {
         bad = done + m;
         break;
@@ -104,11 +104,11 @@ std::size_t cmd_completion::query(std::span<const query_request> reqs, std::erro
     if (ec) return done;
     if (bad != SIZE_MAX) {
       const query_request& r = reqs[bad];
-      if (r.c == nullptr || !*r.c)
+      if (!r.c)
         detail::fail_into(ec, EINVAL, "query_comp_cntr_async: request %zu has no counter", bad);
       else
         detail::fail_into(ec, EINVAL, "query_comp_cntr_async: counter %u belongs to another device "
-                          "than the cmd_comp", r.c->index());
+                          "than the cmd_comp", r.c.index());
       return done;
     }
   }

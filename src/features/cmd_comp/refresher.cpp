@@ -115,7 +115,7 @@ mirror_refresher mirror_refresher::create(const device& dev, std::error_code& ec
   return mirror_refresher(st);
 }
 
-std::error_code mirror_refresher::watch(const counter& c) noexcept {
+std::error_code mirror_refresher::watch(counter_view c) noexcept {
   if (!c) return detail::fail(EINVAL, "mirror_refresher::watch: the counter is empty");
   detail::slot* s = c.native_slot();
   if (s->owner != &st_->cmd.core()->device())
@@ -146,7 +146,7 @@ std::error_code mirror_refresher::watch(const counter& c) noexcept {
   return {};
 }
 
-std::error_code mirror_refresher::unwatch(const counter& c) noexcept {
+std::error_code mirror_refresher::unwatch(counter_view c) noexcept {
   if (!c) return detail::fail(EINVAL, "mirror_refresher::unwatch: the counter is empty");
   std::lock_guard lock(st_->mu);
   auto it = st_->by_slot.find(c.native_slot());
@@ -156,7 +156,7 @@ std::error_code mirror_refresher::unwatch(const counter& c) noexcept {
   return {};
 }
 
-std::size_t mirror_refresher::progress() noexcept {
+std::size_t mirror_refresher::refresh() noexcept {
   std::unique_lock lock(st_->mu, std::try_to_lock);
   if (!lock.owns_lock()) return 0;
   const std::size_t written = st_->collect();

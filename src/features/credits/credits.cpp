@@ -1,5 +1,44 @@
 // compcntr::credit_tracker (modules/features/credits.cppm): creation, the waiting half of acquire,
 // release and flush. Built from the public counter and wait API only.
+//
+// Model, per peer p (all counts unsigned 64-bit, compared modulo the counter's range):
+//   issued(p)      credits ever taken by acquire() (a lock-free atomic of the tracker)
+//   completed(p)   value + errors of p's counter: network completions, successful or not, and
+//                  credits given back by release()
+//   outstanding(p) = issued(p) - completed(p), never more than credits_per_peer.
+//   acquire(p, n) takes n credits when outstanding + n <= credits_per_peer, atomically (one CAS
+//   on issued), else waits (compcntr::wait_since on the completion count that would admit it:
+//   spin, back off, sleep in the kernel; wait hooks run meanwhile).
+//   release(p, n) gives back n credits whose operations will never complete into the counter
+//   (cancelled before they were posted): it adds n to the counter (a "software completion"),
+//   refusing more than is outstanding.
+// Errors: an operation that completed in error is over and returns its credit (the counter's
+// error count is part of completed). A call that has to wait reports the failure: it returns
+// io_error when the error count changes during the call (sampled by its first check) and the
+// change did not satisfy it; a call satisfied at the same check succeeds (compcntr::wait's rule).
+// Inconsistent counts (completed ahead of issued: the counter was set(), counts completions that
+// took no credit, or a credit was both released and completed) are value_too_large (EOVERFLOW).
+//
+// Wrap-around: every difference is taken modulo max_value + 1 of the device (2^64 on the
+// software device), so issued and completed may wrap freely: outstanding stays exact while it
+// is below half that range (credits_per_peer is limited to a quarter of it). Waiters wait on a
+// distance modulo that range (detail::wait_slot with a wait_goal: "n more than the value I
+// saw"), so a counter that wraps on the way, or jumps over the goal and wraps, still wakes them.
+//
+// Memory ordering:
+//   * acquire success: the counter is read with acquire loads before the CAS on issued, so
+//     everything the thread that completed (or released) the operations whose credits were
+//     reused wrote before its completion is visible after acquire returns. The CAS itself is
+//     relaxed: admission depends only on the modification order of `issued` (the CAS reads its
+//     latest value) and on the counter being monotone (an earlier read is never larger than its
+//     value at the CAS), so it needs no fence; acquire loads keep the read of issued after the
+//     read of the counter (a stale completed count only makes admission stricter, and a stale
+//     issued count fails the CAS).
+//   * release: a per-peer spin lock (acquire exchange / release store) serialises releasers of
+//     one peer, so two releases can never both pass the "outstanding >= n" check; the counter
+//     add inside is a seq_cst RMW (it wakes sleeping acquirers, compcntr:slot). Acquirers,
+//     completions and flushes never take this lock.
+//   * flush success: acquire (acquire loads of the counter, or compcntr::wait_since).
 module;
 #include <algorithm>
 #include <atomic>
@@ -50,12 +89,14 @@ class budget {
 // wraps past max_value on the way (or jumps over the goal and wraps, a multi-credit release)
 // still ends the wait. Sets `last` when the caller's timeout has passed: the check after this
 // wait is then the last one. Returns invalid_argument only for an empty counter.
-std::errc wait_for_more(const counter& c, std::uint64_t value, std::uint64_t need,
+std::errc wait_for_more(counter_view c, std::uint64_t value, std::uint64_t need,
                         std::uint64_t err0, std::uint64_t mask, budget& b, const wait_options& o,
                         bool& last) noexcept {
   detail::slot* s = c.native_slot();
   if (s == nullptr) [[unlikely]] return detail::wait_on_empty();
-  const std::errc w = detail::wait_slow_distance(*s, value, need, mask, err0, b.next().count(), o);
+  const std::errc w = detail::wait_slot(
+      *s, {.base = value, .need = need, .mask = mask, .errors_seen = err0, .sample_errors = false},
+      b.next().count(), o);
   last = w == std::errc::timed_out && b.expired();
   return w;
 }
@@ -115,7 +156,7 @@ credit_tracker credit_tracker::create(device& dev, std::uint32_t npeers,
   for (std::uint32_t i = 0; i < npeers; ++i) {
     t.owned_[i] = dev.create_counter(counter_type::wrs, ec);
     if (ec) return {};  // t's destructor destroys the counters made so far
-    t.peers_[i]->c = &t.owned_[i];
+    t.peers_[i]->c = t.owned_[i];
   }
   t.npeers_ = npeers;
   t.credits_ = credits_per_peer;
@@ -124,39 +165,68 @@ credit_tracker credit_tracker::create(device& dev, std::uint32_t npeers,
   return t;
 }
 
+namespace {
+// adopt() over any list of counters: `at(i)` is the i-th counter's view (empty for a null one).
+template <class At>
+bool adopt_views(const device& dev, std::size_t n, At at, std::uint64_t credits_per_peer,
+                           std::error_code& ec,
+                           std::unique_ptr<cache_padded<detail::credit_peer>[]>& peers,
+                           std::uint64_t& mask) noexcept {
+  mask = detail::check_credit_shape("credits_adopt", dev, n, credits_per_peer, ec);
+  if (mask == 0) return false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const counter_view c = at(i);
+    if (!c) {
+      detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu is null or empty", i);
+      return false;
+    }
+    if (c.type() != counter_type::wrs) {
+      detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu counts bytes: credits need a WRS "
+                        "counter (one completion or error per operation)", i);
+      return false;
+    }
+  }
+  peers.reset(new (std::nothrow) cache_padded<detail::credit_peer>[n]);
+  if (!peers) {
+    detail::fail_into(ec, ENOMEM, "credits_adopt: out of memory for %zu peers", n);
+    return false;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    detail::credit_peer& p = *peers[i];
+    p.c = at(i);
+    // What the counter counted so far is not outstanding. Relaxed: the tracker is published
+    // to other threads by whatever hands it over (a happens-before edge).
+    p.issued.store(p.c.value() + p.c.errors(), std::memory_order_relaxed);
+  }
+  return true;
+}
+}  // namespace
+
+credit_tracker credit_tracker::adopt(const device& dev, std::span<const counter_view> counters,
+                                     std::uint64_t credits_per_peer,
+                                     std::error_code& ec) noexcept {
+  credit_tracker t;
+  if (!adopt_views(dev, counters.size(), [&](std::size_t i) noexcept { return counters[i]; },
+                   credits_per_peer, ec, t.peers_, t.mask_))
+    return {};
+  t.npeers_ = static_cast<std::uint32_t>(counters.size());
+  t.credits_ = credits_per_peer;
+  ec.clear();
+  return t;
+}
+
 credit_tracker credit_tracker::adopt(const device& dev, std::span<counter* const> counters,
                                      std::uint64_t credits_per_peer,
                                      std::error_code& ec) noexcept {
-  const std::uint64_t mask =
-      detail::check_credit_shape("credits_adopt", dev, counters.size(), credits_per_peer, ec);
-  if (mask == 0) return {};
-  for (std::size_t i = 0; i < counters.size(); ++i) {
-    if (counters[i] == nullptr || !*counters[i]) {
-      detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu is null or empty", i);
-      return {};
-    }
-    if (counters[i]->type() != counter_type::wrs) {
-      detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu counts bytes: credits need a WRS "
-                        "counter (one completion or error per operation)", i);
-      return {};
-    }
-  }
   credit_tracker t;
-  t.peers_.reset(new (std::nothrow) cache_padded<detail::credit_peer>[counters.size()]);
-  if (!t.peers_) {
-    detail::fail_into(ec, ENOMEM, "credits_adopt: out of memory for %zu peers", counters.size());
+  if (!adopt_views(dev, counters.size(),
+                   [&](std::size_t i) noexcept {
+                     return counters[i] != nullptr ? counters[i]->view() : counter_view();
+                   },
+                   credits_per_peer, ec, t.peers_, t.mask_))
     return {};
-  }
-  for (std::size_t i = 0; i < counters.size(); ++i) {
-    detail::credit_peer& p = *t.peers_[i];
-    p.c = counters[i];
-    // What the counter counted so far is not outstanding. Relaxed: the tracker is published
-    // to other threads by whatever hands it over (a happens-before edge).
-    p.issued.store(p.c->value() + p.c->errors(), std::memory_order_relaxed);
-  }
   t.npeers_ = static_cast<std::uint32_t>(counters.size());
   t.credits_ = credits_per_peer;
-  t.mask_ = mask;
   ec.clear();
   return t;
 }
@@ -196,7 +266,7 @@ std::errc credit_tracker::acquire_slow(std::uint32_t peer, std::uint64_t n,
     // n more credits are free once `need` more operations completed, errors staying err0.
     const std::uint64_t need = r.outstanding + n - credits_;  // >= 1, no overflow
     const std::errc w =
-        wait_for_more(*p.c, r.value, need, err0, mask_, b, opts, last);
+        wait_for_more(p.c, r.value, need, err0, mask_, b, opts, last);
     if (w == std::errc::invalid_argument) return w;  // an empty counter (misuse)
     errors_changed = w == std::errc::io_error;
     r = try_take(p, n);
@@ -210,8 +280,8 @@ std::errc credit_tracker::release(std::uint32_t peer, std::uint64_t n) noexcept 
   // Memory ordering: acquire exchange / release store, so each releaser sees the previous
   // one's add.
   for (backoff b; p.release_lock.exchange(1, std::memory_order_acquire) != 0;) b.snooze();
-  const std::uint64_t v = p.c->value();
-  const std::uint64_t e = p.c->errors();
+  const std::uint64_t v = p.c.value();
+  const std::uint64_t e = p.c.errors();
   const std::uint64_t i = p.issued.load(std::memory_order_relaxed);
   const std::uint64_t out = (i - v - e) & mask_;
   std::errc r{};
@@ -222,7 +292,7 @@ std::errc credit_tracker::release(std::uint32_t peer, std::uint64_t n) noexcept 
                                "outstanding", static_cast<unsigned long long>(n), peer,
                                static_cast<unsigned long long>(out)).value());
   } else {
-    p.c->add(n);
+    p.c.add(n);
   }
   p.release_lock.store(0, std::memory_order_release);
   return r;
@@ -230,7 +300,7 @@ std::errc credit_tracker::release(std::uint32_t peer, std::uint64_t n) noexcept 
 
 std::errc credit_tracker::outstanding(std::uint32_t peer, std::uint64_t& out) const noexcept {
   if (peer >= npeers_) [[unlikely]] return bad_request("outstanding", peer, 1);
-  const counter& c = *peers_[peer]->c;
+  const counter_view c = peers_[peer]->c;
   const std::uint64_t done = c.value() + c.errors();
   const std::uint64_t i = peers_[peer]->issued.load(std::memory_order_relaxed);
   const std::uint64_t o = (i - done) & mask_;
@@ -245,8 +315,8 @@ std::errc credit_tracker::flush(std::uint32_t peer, std::chrono::milliseconds ti
   detail::credit_peer& p = *peers_[peer];
   // Every acquire that happened before this call is in this load (coherence).
   const std::uint64_t target = p.issued.load(std::memory_order_relaxed);
-  std::uint64_t v = p.c->value();
-  std::uint64_t e = p.c->errors();
+  std::uint64_t v = p.c.value();
+  std::uint64_t e = p.c.errors();
   const std::uint64_t err0 = e;
   budget b(timeout.count());
   bool errors_changed = false;
@@ -257,11 +327,11 @@ std::errc credit_tracker::flush(std::uint32_t peer, std::chrono::milliseconds ti
     if (rem == 0 || rem > (mask_ >> 1)) return std::errc{};
     if (errors_changed || e != err0) return std::errc::io_error;
     if (last) return std::errc::timed_out;
-    const std::errc w = wait_for_more(*p.c, v, rem, err0, mask_, b, opts, last);
+    const std::errc w = wait_for_more(p.c, v, rem, err0, mask_, b, opts, last);
     if (w == std::errc::invalid_argument) return w;
     errors_changed = w == std::errc::io_error;
-    v = p.c->value();
-    e = p.c->errors();
+    v = p.c.value();
+    e = p.c.errors();
   }
 }
 

@@ -157,7 +157,7 @@ void qp::connect(qp& peer, std::error_code& ec) noexcept {
   assign(ec, q_->connect(*peer.q_));
 }
 
-void qp::attach(const counter& c, const attach_options& opts, std::error_code& ec) noexcept {
+void qp::attach(counter_view c, const attach_options& opts, std::error_code& ec) noexcept {
   if (empty_qp(q_, "qp_attach_comp_cntr", ec)) return;
   if (!c) {
     detail::fail_into(ec, EINVAL, "qp_attach_comp_cntr: counter is empty");
