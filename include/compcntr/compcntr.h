@@ -12,9 +12,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <compcntr/version.h> /* COMPCNTR_VERSION_STRING and friends: the headers' version */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The version of the library this program runs with ("0.1.0"; a static string). Compare it
+ * with COMPCNTR_VERSION_STRING (the headers it was compiled with) to detect a mismatch. */
+const char *compcntr_version(void);
 
 /* ---- devices ---------------------------------------------------------------------------- */
 

@@ -19,6 +19,8 @@ using namespace compcntr::c_api;
 
 extern "C" {
 
+const char* compcntr_version(void) { return compcntr::version().data(); }
+
 const char* compcntr_last_error_message(void) { return compcntr::last_error_message().data(); }
 
 struct compcntr_device* compcntr_open_device(const char* name) {
