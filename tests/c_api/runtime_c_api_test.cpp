@@ -430,3 +430,19 @@ TEST_CASE("C fd threshold: an epoll loop wakes once per batch, never misses one"
   MESSAGE("batches: " << wakeups << " woken, " << spurious << " spurious wake-ups");
   CHECK(compcntr_destroy_comp_cntr(cc) == 0);
 }
+
+// Review of issue 11: the same counter for two peers would let one peer's completions return
+// the other's credits (over-subscription of the receiver's buffers). EINVAL, named, nothing held.
+TEST_CASE("C credits: adopt refuses the same counter for two peers") {
+  device_fixture f;
+  compcntr_comp_cntr* a = make_cc(f.dev);
+  compcntr_comp_cntr* b = make_cc(f.dev);
+  const uint64_t windows[3] = {1, 1, 1};
+  compcntr_comp_cntr* twice[3] = {a, b, a};
+  errno = 0;
+  CHECK(compcntr_credits_adopt(f.dev, twice, 3, windows) == nullptr);
+  CHECK(errno == EINVAL);
+  CHECK(has("counters 0 and 2 are the same counter"));
+  CHECK(compcntr_destroy_comp_cntr(a) == 0);   // the refused adopt holds nothing
+  CHECK(compcntr_destroy_comp_cntr(b) == 0);
+}
