@@ -4,7 +4,8 @@
 // published in slot::ext with a CAS, freed when the counter is destroyed. The increment path
 // only comes here when slot::watch says so (watch_fd_armed, watch_pollers). An fd armed for a
 // threshold keeps watch_fd_armed set until an update meets the threshold (or moves the error
-// count): the updates before that come here and leave after two loads.
+// count): the updates before that come here, re-read the condition and the values, and leave
+// (~45 instructions more than an unwatched update; no RMW, no syscall).
 module;
 #include <atomic>
 #include <cerrno>
@@ -108,7 +109,7 @@ void signal_fd(slot& s, slot_ext& e) noexcept {
 void notify_ext(slot& s, std::uint32_t w) noexcept {
   slot_ext* e = s.ext.load(std::memory_order_acquire);
   if (e == nullptr) return;
-  // A threshold arm below its threshold stays armed: this update pays the two loads only.
+  // A threshold arm below its threshold stays armed: this update pays the condition's loads only.
   if ((w & watch_fd_armed) != 0 && fd_condition(s, *e)) signal_fd(s, *e);
   if ((w & watch_pollers) != 0) {
     std::lock_guard lock(e->mu);
