@@ -142,6 +142,7 @@ struct rt {
 	struct live_msg live_out;
 	struct live_msg *live_all;    /* rank 0 */
 	unsigned idle;                /* consecutive progress-hook calls that found nothing */
+	double next_pet;              /* when progress next re-arms the watchdog (opts.watchdog_s) */
 	double live_t0;
 	int live_printed;
 };
@@ -386,6 +387,19 @@ static void on_credit(struct rt *rt, struct rx_slot *slot, const struct fi_cq_ta
 	post_credit_recv(rt, slot);
 }
 
+/* The watchdog (opts.watchdog_s) measures time *outside* progress: every wait here is bounded
+ * by timeout_ms and drives progress, so a rank that stops calling it for watchdog_s seconds is
+ * stuck where nothing is bounded (a blocking MPI call on a hung peer) or stopped. Re-armed at
+ * most every 250 ms (a clock read every 64 progress calls), so a healthy run of any length is
+ * never cut short. */
+static void watchdog_pet(struct rt *rt)
+{
+	const double t = now_s();
+	if (t < rt->next_pet) return;
+	rt->next_pet = t + 0.25;
+	alarm((unsigned)rt->o.watchdog_s);
+}
+
 /* Drives both CQs; returns the number of entries handled. */
 static int progress_n(struct rt *rt)
 {
@@ -425,6 +439,7 @@ static int progress_n(struct rt *rt)
 	}
 	n += send_credits(rt);
 	if ((++rt->tick & 255) == 0) live_tick(rt, 0);
+	if (rt->o.watchdog_s > 0 && (rt->tick & 63) == 0) watchdog_pet(rt);
 	return n;
 }
 

@@ -4,6 +4,9 @@
 usage: run_runtime.py MPIRUN PROGRAM NP EXPECT [program args...]
   EXPECT  pass            exit 0, every check line PASS, the exact message and write totals,
                           "runtime: all checks passed"
+          pass:longer=S   the same, for a run meant to outlast S seconds (a watchdog shorter
+                          than the run); a run that was over sooner exercised nothing and is
+                          reported as skipped (exit 77), not passed
           fail:<text>     a non-zero exit, <text> in the output, and the run bounded in time
 
 Every run is bounded (a hung job is killed and fails the test). mpirun runs as root with
@@ -43,6 +46,10 @@ def main():
     print(out)
     print(f'exit code {p.returncode} after {dt:.1f} s')
     problems = []
+    longer = None
+    if expect.startswith('pass:longer='):
+        longer = float(expect.split('=', 1)[1])
+        expect = 'pass'
     if expect == 'pass':
         if p.returncode != 0:
             problems.append(f'exit code {p.returncode}, expected 0')
@@ -85,7 +92,16 @@ def main():
         problems.append(f'unknown EXPECT {expect}')
     for pr in problems:
         print('FAIL:', pr)
-    return 1 if problems else 0
+    if problems:
+        return 1
+    if longer is not None:
+        m = re.search(r'RMA writes of \d+ B per pair, ([0-9.]+) s$', out, re.M)
+        wall = float(m.group(1)) if m else 0.0
+        if wall <= longer:
+            print(f'SKIP: the run took {wall:.2f} s, not longer than {longer} s: nothing exercised')
+            return 77
+        print(f'the run took {wall:.2f} s, longer than {longer} s')
+    return 0
 
 
 if __name__ == '__main__':
