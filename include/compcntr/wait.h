@@ -99,6 +99,22 @@ int compcntr_comp_cntr_arm_fd(struct compcntr_comp_cntr *cc);
  * and a few loads, ~45 instructions; no RMW, no syscall); nothing at all while not armed. Arm from one thread at a time per counter. */
 int compcntr_comp_cntr_arm_fd_threshold(struct compcntr_comp_cntr *cc, uint64_t threshold);
 
+#ifdef COMPCNTR_INLINE_FAST_PATHS
+/* compcntr_wait_comp_cntr inline when the threshold is already reached (one acquire load, as
+ * the C++ compcntr::wait); everything else is the exported call. See <compcntr/compcntr.h>. */
+static inline int compcntr_wait_comp_cntr_inline_(struct compcntr_comp_cntr *cc, uint64_t threshold,
+                                                  int timeout_ms)
+{
+	const struct compcntr_comp_cntr_slot_ *s;
+	if (__builtin_expect(cc != NULL, 1) && __builtin_expect((s = cc->slot_)->stripes == NULL, 1) &&
+	    __atomic_load_n(&s->value, __ATOMIC_ACQUIRE) >= threshold)
+		return 0;
+	return (compcntr_wait_comp_cntr)(cc, threshold, timeout_ms);
+}
+#define compcntr_wait_comp_cntr(cc, threshold, timeout_ms) \
+	compcntr_wait_comp_cntr_inline_((cc), (threshold), (timeout_ms))
+#endif
+
 #ifdef __cplusplus
 }
 #endif

@@ -213,7 +213,7 @@ class credit_tracker {
     for (;;) {
       const std::uint64_t out = (i - v - e) & mask_;
       if (out > (mask_ >> 1)) [[unlikely]] return {detail::credit_check::inconsistent, v, e, out};
-      // out <= mask/2 and n <= mask/4: no overflow.
+      // out <= mask/2 and n <= (mask + 1)/4: no overflow.
       if (out + n > p.window) return {detail::credit_check::short_of_credits, v, e, out};
       if (p.issued.compare_exchange_weak(i, i + n, std::memory_order_relaxed,
                                          std::memory_order_relaxed))

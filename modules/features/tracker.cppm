@@ -109,7 +109,7 @@ class completion_tracker {
   /// `n` more operations issued (0: nothing). invalid_argument (nothing changes) for an empty
   /// tracker or n above a quarter of the counter range. Memory ordering: relaxed.
   inline std::errc issue(std::uint64_t n = 1) noexcept {
-    if (s_ == nullptr || n > (s_->mask >> 2)) [[unlikely]] return bad_issue(n);
+    if (s_ == nullptr || n > (s_->mask >> 2) + 1) [[unlikely]] return bad_issue(n);  // > 2^62
     s_->issued->fetch_add(n, std::memory_order_relaxed);
     return std::errc{};
   }

@@ -1,7 +1,7 @@
 // The C API of credit tracking (include/compcntr/credits.h) over compcntr::credit_tracker.
 //
 // Ownership: the tracker creates one real C counter (c_counter, as compcntr_create_comp_cntr
-// makes) per peer and owns it; compcntr_credits_counter hands out its public struct. An adopted
+// makes: make_c_counter) per peer and owns it; compcntr_credits_counter hands out its public struct. An adopted
 // tracker (compcntr_credits_adopt) holds the caller's counters the same way but never frees them. The
 // C++ tracker adopts the counters (it reads and waits on them, release adds to them). To keep
 // compcntr_destroy_comp_cntr on such a pointer from freeing a counter the tracker still uses,
@@ -37,10 +37,8 @@ struct compcntr_credits {
     cxx = compcntr::credit_tracker{};  // stops using the counters first
     for (std::uint32_t i = 0; i < npeers; ++i) {
       if (pins) pins[i].reset();
-      if (owns && counters && counters[i]) {
-        counters[i]->cxx.reset();  // attached to a live QP: the slot lives on with the QP
-        delete counters[i];
-      }
+      if (owns && counters && counters[i])
+        drop_c_counter(counters[i]);  // attached to a live QP: the slot lives on with the QP
     }
   }
 };
@@ -102,13 +100,11 @@ compcntr_credits* create_impl(compcntr_device* dev, std::uint32_t npeers,
     return fail_null<compcntr_credits>(e);
   };
   for (std::uint32_t i = 0; i < npeers; ++i) {
-    auto* c = new (std::nothrow) c_counter{};
+    compcntr::counter cxx_counter = dev->dev.create_counter(compcntr::counter_type::wrs, ec);
+    if (ec) return undo(ec);
+    c_counter* c = make_c_counter(dev, std::move(cxx_counter));
     if (!c) return undo(fail(ENOMEM, "credits_create: out of memory"));
     cr->counters[i] = c;
-    c->cxx = dev->dev.create_counter(compcntr::counter_type::wrs, ec);
-    if (ec) return undo(ec);
-    c->pub.context = dev;
-    c->pub.handle = c->cxx.index();
     cr->pins[i] = dev->dev.resolve(c->cxx.id(), ec);
     if (ec) return undo(ec);
     cxx[i] = &c->cxx;
@@ -247,7 +243,7 @@ struct compcntr_comp_cntr* compcntr_credits_counter(struct compcntr_credits* cr,
   if (peer >= cr->npeers)
     return fail_null<compcntr_comp_cntr>(std::error_code(peer_range("credits_counter", cr, peer),
                                                          std::generic_category()));
-  return &cr->counters[peer]->pub;
+  return pub(cr->counters[peer]);
 }
 
 int compcntr_credits_destroy(struct compcntr_credits* cr) {

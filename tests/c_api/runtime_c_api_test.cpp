@@ -152,7 +152,7 @@ TEST_CASE("C credits: create_per_peer and adopt validate, NULL + errno, nothing 
   device_fixture f;
   const uint64_t ok[2] = {2, 3};
   const uint64_t zero[2] = {2, 0};
-  const uint64_t huge[2] = {(UINT64_MAX >> 2) + 1, 1};
+  const uint64_t huge[2] = {(UINT64_MAX >> 2) + 2, 1};  /* above 2^62 */
   errno = 0;
   CHECK(compcntr_credits_create_per_peer(nullptr, 2, ok) == nullptr);
   CHECK(errno == EINVAL);

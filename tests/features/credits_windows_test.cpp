@@ -66,7 +66,7 @@ TEST_CASE("credits windows: validation names the peer and creates nothing") {
   CHECK(ec == std::errc::invalid_argument);
   CHECK(msg().find("the window of peer 2 is 0") != std::string::npos);
   CHECK_FALSE(t);
-  const std::array<std::uint64_t, 2> huge{(UINT64_MAX >> 2) + 1, 1};
+  const std::array<std::uint64_t, 2> huge{(UINT64_MAX >> 2) + 2, 1};  // above 2^62
   t = credit_tracker::create(dev, huge, ec);
   CHECK(ec == std::errc::invalid_argument);
   CHECK(msg().find("the window of peer 0") != std::string::npos);

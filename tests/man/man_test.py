@@ -54,6 +54,11 @@ def header_functions(cc, incdir, headers):
                 pass
             if node.get('kind') != 'FunctionDecl' or node.get('isImplicit'):
                 continue
+            # Not API: the static inline fast paths behind the data-path macros of compcntr.h
+            # (their public names are the exported functions' pages), and compcntr_priv_* (an
+            # exported helper of those fast paths, documented as private in the header).
+            if node.get('storageClass') == 'static' or node['name'].startswith('compcntr_priv_'):
+                continue
             if cur in hdr_real:
                 names.setdefault(node['name'], os.path.basename(cur))
     return names

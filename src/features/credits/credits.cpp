@@ -126,11 +126,14 @@ std::uint64_t detail::check_credit_shape(const char* call, const device& dev, st
     return fail_into(ec, ENOTSUP, "%s: the device's counters wrap at max_value %llu + 1, not a "
                      "power of two: credit arithmetic needs one", call,
                      static_cast<unsigned long long>(mask)), 0;
-  if (credits > (mask >> 2))
+  // A quarter of the range (mask + 1) / 4, e.g. 2^62 on the software device (docs/credits.md):
+  // outstanding counts then stay <= a quarter, far from the inconsistent half.
+  const std::uint64_t quarter = mask >= 3 ? (mask >> 2) + 1 : 0;
+  if (credits > quarter)
     return fail_into(ec, EINVAL, "%s: credits_per_peer %llu is above a quarter of the counter "
                      "range (%llu): outstanding counts could not be told from wrapped ones",
                      call, static_cast<unsigned long long>(credits),
-                     static_cast<unsigned long long>(mask >> 2)), 0;
+                     static_cast<unsigned long long>(quarter)), 0;
   return mask;
 }
 
@@ -141,14 +144,15 @@ std::uint64_t detail::check_credit_windows(const char* call, const device& dev,
   // The shape with a window of 1, then every window against the same limits.
   const std::uint64_t mask = check_credit_shape(call, dev, windows.size(), 1, ec);
   if (mask == 0) return 0;
+  const std::uint64_t quarter = (mask >> 2) + 1;  // as check_credit_shape: 2^62 on soft
   for (std::size_t i = 0; i < windows.size(); ++i) {
     if (windows[i] == 0)
       return fail_into(ec, EINVAL, "%s: the window of peer %zu is 0 (each must be > 0)", call, i), 0;
-    if (windows[i] > (mask >> 2))
+    if (windows[i] > quarter)
       return fail_into(ec, EINVAL, "%s: the window of peer %zu, %llu, is above a quarter of the "
                        "counter range (%llu): outstanding counts could not be told from wrapped "
                        "ones", call, i, static_cast<unsigned long long>(windows[i]),
-                       static_cast<unsigned long long>(mask >> 2)), 0;
+                       static_cast<unsigned long long>(quarter)), 0;
   }
   return mask;
 }

@@ -90,7 +90,7 @@ std::errc completion_tracker::bad_issue(std::uint64_t n) const noexcept {
   return std::errc(fail(EINVAL, "tracker_issue: n = %llu is above a quarter of the counter range "
                         "(%llu): outstanding counts could not be told from wrapped ones",
                         static_cast<unsigned long long>(n),
-                        static_cast<unsigned long long>(s_->mask >> 2)).value());
+                        static_cast<unsigned long long>((s_->mask >> 2) + 1)).value());
 }
 
 std::errc completion_tracker::report(std::uint64_t e) noexcept {
