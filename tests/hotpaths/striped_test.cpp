@@ -308,3 +308,41 @@ TEST_CASE("striped: handles, resolve and asynchronous queries give the sum") {
   CHECK(ec.value() == ESTALE);
   CHECK_FALSE(gone);
 }
+
+// Review of issues 11 + 12 (merged separately): an fd armed for a threshold must see a striped
+// counter's value and errors, which live in its stripes (the slot's own words stay 0). The
+// threshold condition read the slot's words directly: never reached, never readable.
+TEST_CASE("striped: the pollable fd armed for a threshold sees the stripes' sum") {
+  auto dev = open_soft();
+  auto s = make_striped(dev, 4);
+  std::error_code ec;
+  const int fd = compcntr::pollable_fd(s, ec);
+  REQUIRE_FALSE(ec);
+  auto readable = [fd] {
+    pollfd pfd{fd, POLLIN, 0};
+    return ::poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLIN) != 0;
+  };
+  compcntr::arm_fd(s, 3, ec);
+  REQUIRE_FALSE(ec);
+  CHECK_FALSE(readable());
+  s.add(1);
+  s.add(1);
+  CHECK_FALSE(readable());                 // 2 < 3: still armed
+  std::thread u([&] { s.add(1); });        // from another thread (likely another stripe)
+  u.join();
+  CHECK(s.value() == 3);
+  CHECK(readable());                       // 3 >= 3
+  // Already reached at the arm: readable at once.
+  compcntr::arm_fd(s, 2, ec);
+  REQUIRE_FALSE(ec);
+  CHECK(readable());
+  // An error (counted in a stripe) is news at any value; one from before the arm is not.
+  s.add_error(1);
+  compcntr::arm_fd(s, 1000, ec);
+  REQUIRE_FALSE(ec);
+  CHECK_FALSE(readable());
+  s.add(1);
+  CHECK_FALSE(readable());
+  s.add_error(1);
+  CHECK(readable());
+}

@@ -87,8 +87,10 @@ namespace {
 // follow the caller's watch load or the arm's fence in the single total order).
 bool fd_condition(const slot& s, const slot_ext& e) noexcept {
   if (!e.fd_thresholded.load(std::memory_order_seq_cst)) return true;
-  return s.value.load(std::memory_order_seq_cst) >= e.fd_threshold.load(std::memory_order_relaxed) ||
-         s.errors.load(std::memory_order_seq_cst) != e.fd_err0.load(std::memory_order_relaxed);
+  // value_seq_cst/errors_seq_cst: a striped counter's values are the sums of its stripes (its
+  // slot's own words stay 0), as every waiter reads them.
+  return s.value_seq_cst() >= e.fd_threshold.load(std::memory_order_relaxed) ||
+         s.errors_seq_cst() != e.fd_err0.load(std::memory_order_relaxed);
 }
 
 // Disarms and makes the fd readable, if this caller is the one that clears the armed bit.
@@ -183,7 +185,7 @@ void arm_slot_fd_threshold(slot& s, std::uint64_t threshold, std::error_code& ec
   }
   // The condition first, then the arming RMW: an updater that sees the bit sees the condition.
   e->fd_threshold.store(threshold, std::memory_order_relaxed);
-  e->fd_err0.store(s.errors.load(std::memory_order_seq_cst), std::memory_order_relaxed);
+  e->fd_err0.store(s.errors_seq_cst(), std::memory_order_relaxed);
   e->fd_thresholded.store(true, std::memory_order_seq_cst);
   s.watch.fetch_or(watch_fd_armed, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
