@@ -142,6 +142,7 @@ struct rt {
 	struct live_msg live_out;
 	struct live_msg *live_all;    /* rank 0 */
 	unsigned idle;                /* consecutive progress-hook calls that found nothing */
+	double next_pet;              /* when progress next re-arms the watchdog (opts.watchdog_s) */
 	double live_t0;
 	int live_printed;
 };
@@ -372,8 +373,10 @@ static void on_data(struct rt *rt, struct rx_slot *slot, const struct fi_cq_tagg
 	}
 	p->received++;
 	rt->st.received++;
-	/* The buffer goes back first, then its credit: a credit always stands for a posted buffer. */
-	if (p->posted < rt->round_end) post_data_recv(rt, p, slot);
+	/* The buffer goes back first, then its credit: a credit always stands for a posted buffer.
+	 * A buffer that cannot be reposted must not be credited (the sender would overrun the
+	 * window and the check could not tell): fatal, like the other progress errors. */
+	if (p->posted < rt->round_end && post_data_recv(rt, p, slot)) exit(5);
 	if (o->flow) p->owed++;
 }
 
@@ -383,7 +386,20 @@ static void on_credit(struct rt *rt, struct rx_slot *slot, const struct fi_cq_ta
 	p->got += e->data;
 	rt->st.credits_got += e->data;
 	compcntr_inc_comp_cntr(rt->cc_credit[slot->src], e->data);  /* wakes a waiting acquire */
-	post_credit_recv(rt, slot);
+	if (post_credit_recv(rt, slot)) exit(5);
+}
+
+/* The watchdog (opts.watchdog_s) measures time *outside* progress: every wait here is bounded
+ * by timeout_ms and drives progress, so a rank that stops calling it for watchdog_s seconds is
+ * stuck where nothing is bounded (a blocking MPI call on a hung peer) or stopped. Re-armed at
+ * most every 250 ms (a clock read every 64 progress calls), so a healthy run of any length is
+ * never cut short. */
+static void watchdog_pet(struct rt *rt)
+{
+	const double t = now_s();
+	if (t < rt->next_pet) return;
+	rt->next_pet = t + 0.25;
+	alarm((unsigned)rt->o.watchdog_s);
 }
 
 /* Drives both CQs; returns the number of entries handled. */
@@ -425,6 +441,7 @@ static int progress_n(struct rt *rt)
 	}
 	n += send_credits(rt);
 	if ((++rt->tick & 255) == 0) live_tick(rt, 0);
+	if (rt->o.watchdog_s > 0 && (rt->tick & 63) == 0) watchdog_pet(rt);
 	return n;
 }
 
@@ -654,7 +671,11 @@ struct rt *rt_open(const struct rt_opts *o)
 		p->seen = calloc(opt->msgs / 8 + 1, 1);
 		p->nrx = nrx;
 		p->rx = calloc(nrx ? nrx : 1, sizeof *p->rx);
-		p->ncrx = opt->flow ? opt->window / opt->batch + 4 : 0;
+		/* Credit messages from i in flight at once: they return credits for my messages to
+		 * i, at most its window for me (p->window, which --vary-windows makes 1.5x) in batches
+		 * of `batch`, plus its final short batch; sized from opt->window, a small --batch
+		 * with --vary-windows left credit messages unexpected (queued by the provider). */
+		p->ncrx = opt->flow ? (uint32_t)(p->window / opt->batch) + 4 : 0;
 		p->crx = calloc(p->ncrx ? p->ncrx : 1, sizeof *p->crx);
 		p->ncctx = opt->flow ? (opt->msgs + opt->batch - 1) / opt->batch + 4 : 1;  /* per round */
 		p->cctx = calloc(p->ncctx, sizeof *p->cctx);
@@ -728,9 +749,10 @@ static int send_one(struct rt *rt, int dst)
 		/* In flight to dst right after admission, counted two ways: the tracker's
 		 * outstanding, and this program's own sent - credits received. */
 		uint64_t out = 0;
-		compcntr_credits_outstanding(rt->cr, (uint32_t)dst, &out);
+		const int ro = compcntr_credits_outstanding(rt->cr, (uint32_t)dst, &out);
 		const uint64_t mine = p->sent + 1 - read_cc(rt->cc_credit[dst]);
-		if (out > p->window || mine > p->window) rt->st.inflight_violations++;
+		/* EOVERFLOW (more credits back than taken) is a violation too, not "0 in flight". */
+		if (ro != 0 || out > p->window || mine > p->window) rt->st.inflight_violations++;
 		if (mine > rt->st.max_inflight) {
 			rt->st.max_inflight = mine;
 			rt->st.max_inflight_window = p->window;

@@ -46,6 +46,9 @@ struct rt_opts {
 	int fail_mode;          /* enum rt_fail_mode */
 	uint64_t fail_at;
 	int quiet_output;       /* no per-phase messages (bench) */
+	int watchdog_s;         /* > 0: this rank's progress re-arms alarm(watchdog_s), so SIGALRM
+	                         * comes only after that long outside the engine's bounded waits
+	                         * (blocked in MPI on a hung peer, stopped); 0: no alarm (bench) */
 };
 
 void rt_default_opts(struct rt_opts *o);

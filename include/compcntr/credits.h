@@ -46,8 +46,8 @@ struct compcntr_credits *compcntr_credits_create_per_peer(struct compcntr_device
  * it counted before is not outstanding, so adopt counters with nothing in flight. The tracker
  * holds a reference on each counter: compcntr_destroy_comp_cntr on one is EBUSY until
  * compcntr_credits_destroy, which leaves the counters to the caller. NULL + errno: EINVAL (NULL
- * dev/ccs/windows or element, npeers == 0, a counter of another device, a BYTES counter, a bad
- * window), ENOTSUP, ENOMEM. */
+ * dev/ccs/windows or element, npeers == 0, a counter of another device, a BYTES counter, the
+ * same counter for two peers, a bad window), ENOTSUP, ENOMEM. */
 struct compcntr_credits *compcntr_credits_adopt(struct compcntr_device *dev,
                                                 struct compcntr_comp_cntr *const *ccs,
                                                 uint32_t npeers, const uint64_t *windows);

@@ -43,7 +43,10 @@ uint64_t compcntr_tracker_issued(const struct compcntr_tracker *t);
 uint64_t compcntr_tracker_completed(const struct compcntr_tracker *t);
 
 /* Waits until completions + errors since the baseline reach what was issued when the call began
- * (operations issued meanwhile are not waited for). Then returns 0, or EIO if the counter's
+ * (operations issued meanwhile are not waited for). A count, not a set: while other threads
+ * issue, a later operation's completion can stand in for an earlier one's (docs/tracker.md);
+ * without concurrent issuers everything issued before the call is complete on return. Then
+ * returns 0, or EIO if the counter's
  * error value grew since the previous quiet that returned EIO (since creation before any): an
  * issued operation failed. Each growth is reported by exactly one quiet, also among concurrent
  * ones; the wait always ends only when everything issued is accounted for. ETIMEDOUT when

@@ -248,7 +248,8 @@ void arm_fd(counter_view c, std::error_code& ec) noexcept;
 /// earlier readiness; a later arm_fd or arm_fd(threshold) replaces the condition. Readiness may
 /// be spurious (a re-arm racing with an update), never missed; read the counter after it.
 /// Cost: nothing while not armed; while armed below the threshold every update of the counter
-/// takes the watcher path (two loads of the slot's extension block, no syscall). Arm from one
+/// takes the watcher path (a call re-reading watch, the armed condition and the values: ~55
+/// instructions, no RMW, no syscall). Arm from one
 /// thread at a time per counter. Memory ordering: as arm_fd (the condition is re-checked with
 /// seq_cst loads after the arming RMW and fence).
 void arm_fd(counter_view c, std::uint64_t threshold, std::error_code& ec) noexcept;

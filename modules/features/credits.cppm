@@ -125,7 +125,9 @@ class credit_tracker {
   /// A tracker over counters the caller owns (created by `dev`, WRS, alive as long as the
   /// tracker; peer i is counters[i]). issued starts at each counter's value + errors: what the
   /// counters counted before is not outstanding, so adopt quiescent counters. EINVAL also for
-  /// an empty list, a null or empty counter, a BYTES counter or more than 2^32 - 1 counters.
+  /// an empty list, a null or empty counter, a counter of another device, a BYTES counter, the
+  /// same counter for two peers (its completions would return both peers' credits) or more
+  /// than 2^32 - 1 counters.
   static credit_tracker adopt(const device& dev, std::span<const counter_view> counters,
                               std::uint64_t credits_per_peer, std::error_code& ec) noexcept;
   /// adopt() over pointers (a null pointer is EINVAL).

@@ -13,7 +13,9 @@
 //   completed      value + errors - baseline: operations accounted for, successful or not
 //   quiet()        reads issued once (its target), then waits until completed reaches it.
 //                  Operations issued after that read are not waited for, so concurrent issuers
-//                  cannot starve it; an operation issued before the call (happens-before) is.
+//                  cannot starve it. A count, not a set: while others issue, a later
+//                  operation's completion can stand in for an earlier one (docs/tracker.md);
+//                  with no concurrent issuer, everything issued before the call is complete.
 // Errors: an operation that failed is accounted for (it will never complete otherwise), so it
 // does not keep quiet waiting. The failure is reported once: a quiet that finds everything
 // accounted for returns io_error (EIO) if the counter's error value grew since the value the

@@ -186,7 +186,7 @@ struct compcntr_credits* compcntr_credits_adopt(struct compcntr_device* dev,
   cr->cxx = compcntr::credit_tracker::adopt(dev->dev, {cxx.get(), npeers}, {windows, npeers}, ec);
   if (ec) return undo(ec);
   for (std::uint32_t i = 0; i < npeers; ++i) {
-    cr->pins[i] = dev->dev.resolve(cr->counters[i]->cxx.handle(), ec);
+    cr->pins[i] = dev->dev.resolve(cr->counters[i]->cxx.id(), ec);
     if (ec) return undo(ec);
   }
   return cr.release();

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sys/epoll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -428,5 +429,146 @@ TEST_CASE("C fd threshold: an epoll loop wakes once per batch, never misses one"
   compcntr_read_comp_cntr(cc, &v);
   CHECK(v == batches * batch);
   MESSAGE("batches: " << wakeups << " woken, " << spurious << " spurious wake-ups");
+  CHECK(compcntr_destroy_comp_cntr(cc) == 0);
+}
+
+// Review of issue 11: the same counter for two peers would let one peer's completions return
+// the other's credits (over-subscription of the receiver's buffers). EINVAL, named, nothing held.
+TEST_CASE("C credits: adopt refuses the same counter for two peers") {
+  device_fixture f;
+  compcntr_comp_cntr* a = make_cc(f.dev);
+  compcntr_comp_cntr* b = make_cc(f.dev);
+  const uint64_t windows[3] = {1, 1, 1};
+  compcntr_comp_cntr* twice[3] = {a, b, a};
+  errno = 0;
+  CHECK(compcntr_credits_adopt(f.dev, twice, 3, windows) == nullptr);
+  CHECK(errno == EINVAL);
+  CHECK(has("counters 0 and 2 are the same counter"));
+  CHECK(compcntr_destroy_comp_cntr(a) == 0);   // the refused adopt holds nothing
+  CHECK(compcntr_destroy_comp_cntr(b) == 0);
+}
+
+// Review of issue 11: the batch test above never lets an update race with the arm (the producer
+// waits until the consumer sleeps). Here two producers increment without pause while the
+// consumer re-arms for goals just ahead of the value, so arms race with updates on both sides
+// of the arming RMW, and the consumer alternates between draining the fd itself and leaving it
+// to the next arm. Readiness may be spurious, never missed: an epoll_wait that times out is a
+// lost wake-up. Every third arm is followed by epoll_wait without a check of the counter: the
+// arm's own re-check must make the fd readable when the goal was already reached.
+TEST_CASE("C fd threshold: stress: re-arms racing with concurrent updaters never miss") {
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+  constexpr uint64_t per = 20000;
+#else
+  constexpr uint64_t per = 200000;
+#endif
+#else
+  constexpr uint64_t per = 200000;
+#endif
+  constexpr int producers = 2;
+  constexpr uint64_t total = per * producers;
+  device_fixture f;
+  compcntr_comp_cntr* cc = make_cc(f.dev);
+  int fd = -1;
+  REQUIRE(compcntr_comp_cntr_get_fd(cc, &fd) == 0);
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  REQUIRE(ep >= 0);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+  std::atomic<bool> go{false};
+  std::vector<std::thread> ps;
+  for (int t = 0; t < producers; ++t)
+    ps.emplace_back([&] {
+      while (!go.load()) {
+      }
+      for (uint64_t i = 1; i <= per; ++i) {
+        compcntr_inc_comp_cntr(cc, 1);
+        if (i % 512 == 0) std::this_thread::yield();   // let the consumer in mid-stream
+      }
+    });
+  uint64_t v = 0, arms = 0, blocked = 0, at_once = 0, spurious = 0, lost = 0;
+  go = true;
+  for (uint64_t k = 0; v < total; ++k) {
+    const uint64_t goal = std::min<uint64_t>(total, v + 1 + (k * 37) % 97);
+    REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, goal) == 0);
+    ++arms;
+    // Every third arm goes straight to epoll_wait (the arm itself must make the fd readable if
+    // the goal was reached before it); the others check the counter first (fi_trywait style).
+    if (k % 3 != 0) {
+      compcntr_read_comp_cntr(cc, &v);
+      if (v >= goal) {
+        ++at_once;
+        continue;
+      }
+    }
+    epoll_event out{};
+    if (::epoll_wait(ep, &out, 1, 10000) != 1) {   // a guard, not a sleep: never missed
+      ++lost;
+      break;
+    }
+    ++blocked;
+    if (k % 2 == 0) {   // half the time the consumer drains, half the time the next arm does
+      uint64_t drained;
+      [[maybe_unused]] const ssize_t r = ::read(fd, &drained, sizeof drained);
+    }
+    compcntr_read_comp_cntr(cc, &v);
+    if (v < goal) ++spurious;
+  }
+  for (auto& t : ps) t.join();
+  ::close(ep);
+  CHECK(lost == 0);
+  compcntr_read_comp_cntr(cc, &v);
+  CHECK(v == total);
+  MESSAGE("threshold arms: " << arms << ", woken " << blocked << " (" << spurious
+                             << " spurious), reached at the arm " << at_once);
+  CHECK(compcntr_destroy_comp_cntr(cc) == 0);
+}
+
+// An error is news for a threshold arm at any value: error producers racing with re-arms whose
+// threshold is never reached wake the consumer every time (an error after the arm's sample).
+TEST_CASE("C fd threshold: stress: errors racing with re-arms wake an unreachable threshold") {
+  constexpr int rounds = 2000;
+  device_fixture f;
+  compcntr_comp_cntr* cc = make_cc(f.dev);
+  int fd = -1;
+  REQUIRE(compcntr_comp_cntr_get_fd(cc, &fd) == 0);
+  std::atomic<int> armed{0};
+  std::atomic<bool> stop{false};
+  // The producer adds one error per round, as soon as the consumer armed for that round (the
+  // error may land before, during or after the consumer's poll: any of them must be seen).
+  std::thread producer([&] {
+    for (int r = 1; r <= rounds && !stop.load(); ++r) {
+      while (armed.load() < r && !stop.load()) {
+      }
+      compcntr_inc_err_comp_cntr(cc, 1);
+      compcntr_inc_comp_cntr(cc, 1);   // a completion too: below the threshold, no wake alone
+    }
+  });
+  int lost = 0;
+  for (int r = 1; r <= rounds; ++r) {
+    REQUIRE(compcntr_comp_cntr_arm_fd_threshold(cc, UINT64_MAX) == 0);
+    armed = r;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) != 1) {
+      ++lost;
+      break;
+    }
+    uint64_t e = 0;
+    // Readable for this round's error (or spuriously: then the error is already there or the
+    // next poll sees it, because the arm sampled the error count before the producer's add).
+    while (compcntr_read_err_comp_cntr(cc, &e) == 0 && e < static_cast<uint64_t>(r)) {
+      uint64_t drained;
+      [[maybe_unused]] const ssize_t n = ::read(fd, &drained, sizeof drained);
+      if (::poll(&p, 1, 10000) != 1) {
+        ++lost;
+        break;
+      }
+    }
+    if (lost) break;
+  }
+  stop = true;
+  producer.join();
+  CHECK(lost == 0);
   CHECK(compcntr_destroy_comp_cntr(cc) == 0);
 }

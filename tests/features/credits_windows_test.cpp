@@ -153,3 +153,53 @@ TEST_CASE("credits windows: stress: no peer ever exceeds its own window") {
   }
   CHECK(total == 2u * rounds);
 }
+
+// Review of issue 11: adopt() must refuse what it cannot track. A counter of another device
+// (whose range may differ from the mask the tracker computes, and whose device's progress
+// sources the tracker's waits would not drive) and the same counter for two peers (one peer's
+// completions would then return the other's credits: over-subscription) are EINVAL, name their
+// cause, and leave nothing behind (no reference: the counters can be destroyed).
+TEST_CASE("credits adopt: a counter of another device, or one counter for two peers, is EINVAL") {
+  auto dev = open_soft();
+  auto other = open_soft();
+  std::error_code ec;
+  auto a = make_counter(dev), b = make_counter(dev);
+  auto foreign = make_counter(other);
+  const std::array<std::uint64_t, 2> two{2, 2};
+
+  std::vector<compcntr::counter*> with_foreign{&a, &foreign};
+  auto t = credit_tracker::adopt(dev, with_foreign, two, ec);
+  CHECK(ec == std::errc::invalid_argument);
+  CHECK_FALSE(t);
+  CHECK(msg().find("counter 1 belongs to another device") != std::string::npos);
+  t = credit_tracker::adopt(dev, with_foreign, 2, ec);   // the uniform-window form too
+  CHECK(ec == std::errc::invalid_argument);
+  const std::array<compcntr::counter_view, 2> views_foreign{a.view(), foreign.view()};
+  t = credit_tracker::adopt(dev, views_foreign, two, ec);
+  CHECK(ec == std::errc::invalid_argument);
+
+  std::vector<compcntr::counter*> twice{&a, &a};
+  t = credit_tracker::adopt(dev, twice, two, ec);
+  CHECK(ec == std::errc::invalid_argument);
+  CHECK_FALSE(t);
+  CHECK(msg().find("counters 0 and 1 are the same counter") != std::string::npos);
+  const std::array<compcntr::counter_view, 3> views_twice{b.view(), a.view(), b.view()};
+  t = credit_tracker::adopt(dev, views_twice, 1, ec);
+  CHECK(ec == std::errc::invalid_argument);
+  CHECK(msg().find("counters 0 and 2 are the same counter") != std::string::npos);
+
+  // What a shared counter would have allowed: peer 1's completion admitting peer 0 again.
+  std::vector<compcntr::counter*> good{&a, &b};
+  t = credit_tracker::adopt(dev, good, two, ec);
+  REQUIRE_FALSE(ec);
+  CHECK(t.acquire(0, 2, 0ms) == errc{});
+  b.add(1);                                     // a completion of peer 1's counter
+  CHECK(t.try_acquire(0, 1) == errc::timed_out);  // returns no credit of peer 0
+  t = credit_tracker{};
+
+  // The refusals held nothing.
+  a.destroy(ec);
+  CHECK_FALSE(ec);
+  foreign.destroy(ec);
+  CHECK_FALSE(ec);
+}

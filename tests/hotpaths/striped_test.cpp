@@ -308,3 +308,81 @@ TEST_CASE("striped: handles, resolve and asynchronous queries give the sum") {
   CHECK(ec.value() == ESTALE);
   CHECK_FALSE(gone);
 }
+
+// Review of issues 11 + 12 (merged separately): an fd armed for a threshold must see a striped
+// counter's value and errors, which live in its stripes (the slot's own words stay 0). The
+// threshold condition read the slot's words directly: never reached, never readable.
+TEST_CASE("striped: the pollable fd armed for a threshold sees the stripes' sum") {
+  auto dev = open_soft();
+  auto s = make_striped(dev, 4);
+  std::error_code ec;
+  const int fd = compcntr::pollable_fd(s, ec);
+  REQUIRE_FALSE(ec);
+  auto readable = [fd] {
+    pollfd pfd{fd, POLLIN, 0};
+    return ::poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLIN) != 0;
+  };
+  compcntr::arm_fd(s, 3, ec);
+  REQUIRE_FALSE(ec);
+  CHECK_FALSE(readable());
+  s.add(1);
+  s.add(1);
+  CHECK_FALSE(readable());                 // 2 < 3: still armed
+  std::thread u([&] { s.add(1); });        // from another thread (likely another stripe)
+  u.join();
+  CHECK(s.value() == 3);
+  CHECK(readable());                       // 3 >= 3
+  // Already reached at the arm: readable at once.
+  compcntr::arm_fd(s, 2, ec);
+  REQUIRE_FALSE(ec);
+  CHECK(readable());
+  // An error (counted in a stripe) is news at any value; one from before the arm is not.
+  s.add_error(1);
+  compcntr::arm_fd(s, 1000, ec);
+  REQUIRE_FALSE(ec);
+  CHECK_FALSE(readable());
+  s.add(1);
+  CHECK_FALSE(readable());
+  s.add_error(1);
+  CHECK(readable());
+}
+
+// The issue-11 layers over a striped counter: the completion tracker and an adopted credit
+// tracker count the stripes' sum (completions from several threads), and a quiet asleep on it
+// is woken by the stripe update that completes its target.
+TEST_CASE("striped: completion tracker and adopted credits over a striped counter") {
+  auto dev = open_soft();
+  auto s = make_striped(dev, 4);
+  std::error_code ec;
+  auto tr = compcntr::completion_tracker::create(dev, s, ec);
+  REQUIRE_FALSE(ec);
+  REQUIRE(tr.issue(4) == std::errc{});
+  std::atomic<pid_t> tid{0};
+  std::atomic<int> rc{-1};
+  std::thread q([&] {
+    tid.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+    rc = static_cast<int>(tr.quiet(compcntr::wait_forever, compcntr::wait_options{.spin = 0ns}));
+  });
+  REQUIRE(eventually_blocked(tid));
+  std::thread a([&] { s.add(1); s.add_error(1); });
+  a.join();
+  s.add(1);
+  REQUIRE(eventually_blocked(tid));   // 3 of 4: still asleep
+  CHECK(rc.load() == -1);
+  s.add(1);
+  q.join();
+  CHECK(rc.load() == static_cast<int>(std::errc::io_error));   // all 4 over, one failed
+  CHECK(tr.completed() == 4);
+
+  auto s2 = make_striped(dev, 2);
+  compcntr::counter* peers[] = {&s2};
+  const std::uint64_t w[] = {2};
+  auto cr = compcntr::credit_tracker::adopt(dev, peers, w, ec);
+  REQUIRE_FALSE(ec);
+  CHECK(cr.acquire(0, 2, 0ms) == std::errc{});
+  CHECK(cr.try_acquire(0, 1) == std::errc::timed_out);
+  std::thread c([&] { s2.add(1); });
+  c.join();
+  CHECK(cr.try_acquire(0, 1) == std::errc{});
+  CHECK(cr.outstanding(0) == 2);
+}

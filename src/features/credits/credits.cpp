@@ -45,6 +45,7 @@ module;
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <span>
@@ -223,11 +224,42 @@ bool adopt_views(const device& dev, std::size_t n, At at, std::uint64_t credits_
       detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu is null or empty", i);
       return false;
     }
+    if (c.native_slot()->owner != dev.core()) {
+      // Its range may differ from the mask computed from dev, and waits on it would not drive
+      // dev's progress sources: refused, as completion_tracker::create and the C adopt do.
+      detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu belongs to another device", i);
+      return false;
+    }
     if (c.type() != counter_type::wrs) {
       detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu counts bytes: credits need a WRS "
                         "counter (one completion or error per operation)", i);
       return false;
     }
+  }
+  // One counter per peer: a counter shared by two peers would count the completions of both,
+  // so either peer's completions would return the other's credits (over-subscription). Sorted
+  // by slot, O(n log n) for the large peer counts of MPI jobs.
+  if (n > 1) {
+    struct entry {
+      const detail::slot* s;
+      std::size_t i;
+    };
+    std::unique_ptr<entry[]> e(new (std::nothrow) entry[n]);
+    if (!e) {
+      detail::fail_into(ec, ENOMEM, "credits_adopt: out of memory for %zu peers", n);
+      return false;
+    }
+    for (std::size_t i = 0; i < n; ++i) e[i] = {at(i).native_slot(), i};
+    std::sort(e.get(), e.get() + n, [](const entry& x, const entry& y) {
+      return x.s != y.s ? std::less<const detail::slot*>{}(x.s, y.s) : x.i < y.i;
+    });
+    for (std::size_t k = 1; k < n; ++k)
+      if (e[k].s == e[k - 1].s) {
+        detail::fail_into(ec, EINVAL, "credits_adopt: counters %zu and %zu are the same counter "
+                          "(each peer needs its own: a shared one would return one peer's "
+                          "credits for the other's completions)", e[k - 1].i, e[k].i);
+        return false;
+      }
   }
   peers.reset(new (std::nothrow) cache_padded<detail::credit_peer>[n]);
   if (!peers) {
