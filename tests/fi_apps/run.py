@@ -9,7 +9,9 @@ For every program and provider:
      the documented differences below, where the hook is meant to be better than libfabric);
   3. the stats file must hold one "compcntr-hook pid=..." line per process of the program (a
      hook that libfabric silently skipped writes none), and their cntr_open values must be the
-     program's own "fi_cntr_open calls: N" counts, process by process.
+     program's own "fi_cntr_open calls: N" counts, process by process; each line's cntr_served
+     + cntr_open_refused must equal its cntr_open (every counter the provider accepted is a
+     compcntr counter).
 
 Usage:
   run.py [--hook-dir DIR] [--timeout S] [--hook-env NAME=VALUE] [--expect-stat KEY=VALUE]
@@ -162,6 +164,17 @@ def check(program_path, provider, hook_dir, timeout, verbose=True, hook_env=(), 
             report.append(f"stats file: unexpected line {l!r}")
         else:
             served.append(int(m.group(2)))
+            # every fi_cntr_open call the provider accepted must have a compcntr counter behind
+            # it: served + refused = calls (a hook that passed one through would show less)
+            kv = dict(f.split("=", 1) for f in l.split()[1:] if "=" in f)
+            if "cntr_served" in kv and "cntr_open_refused" in kv:
+                if int(kv["cntr_served"]) + int(kv["cntr_open_refused"]) != int(kv["cntr_open"]):
+                    ok = False
+                    report.append(f"stats line: cntr_served + cntr_open_refused != cntr_open "
+                                  f"(a counter the provider opened is not served by compcntr): {l!r}")
+            else:
+                ok = False
+                report.append(f"stats line without cntr_served/cntr_open_refused: {l!r}")
             for kv in expect_stats:
                 if kv not in l.split():
                     ok = False
