@@ -742,12 +742,153 @@ void family_fabric() {
   } else {
     std::printf("fault:   bridge scenarios skipped: no udp;ofi_rxd CQ here\n");
   }
+  // The provider-counter mirror over a real provider counter (udp;ofi_rxd's util counter).
+  fid_cntr* pc = nullptr;
+  fi_cntr_attr pca{};
+  pca.events = FI_CNTR_EVENTS_COMP;
+  pca.wait_obj = FI_WAIT_NONE;
+  if (dom && fi_cntr_open(dom, &pca, &pc, nullptr) == 0) {
+    compcntr_comp_cntr* c = counter(d);
+    for (bool ex : {false, true})
+      fault::sweep(ex ? "compcntr_fi_mirror_open_ex + progress + close" : "compcntr_fi_mirror_open + progress + close",
+                   fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+                     const std::uint64_t before = value(c);
+                     FCHECK(fi_cntr_add(pc, 5) == 0, "provider fi_cntr_add");  // before open: the baseline
+                     compcntr_fi_mirror_attr ma{};
+                     ma.comp_mask = COMPCNTR_FI_MIRROR_ATTR_VALUE_BITS;
+                     ma.value_bits = 64;
+                     fault::arm(m, k, kinds);
+                     compcntr_fi_mirror* mi = ex ? compcntr_fi_mirror_open_ex(pc, c, &ma) : compcntr_fi_mirror_open(pc, c);
+                     const int e = mi ? 0 : errno;
+                     const int pr = mi ? compcntr_fi_mirror_progress(mi) : 0;
+                     const long pts = fault::disarm();
+                     FCHECK(value(c) == before, "open + progress add nothing the provider had at open");
+                     if (!mi) {
+                       FCHECK(e == ENOMEM, "mirror_open errno %d (%s), documented: ENOMEM", e, std::strerror(e));
+                       FCHECK(compcntr_fi_last_error()[0] != '\0', "a message names the cause");
+                       mi = ex ? compcntr_fi_mirror_open_ex(pc, c, &ma) : compcntr_fi_mirror_open(pc, c);
+                       FCHECK(mi != nullptr, "mirror_open once the fault is gone");
+                       if (!mi) return {pts, true};
+                     }
+                     FCHECK(pr == 0, "mirror_progress = %d", pr);
+                     FCHECK(fi_cntr_add(pc, 3) == 0 && compcntr_fi_mirror_progress(mi) == 0 && value(c) == before + 3,
+                            "the mirror carries the provider's gain (value %llu, expected %llu)",
+                            static_cast<unsigned long long>(value(c)), static_cast<unsigned long long>(before + 3));
+                     FCHECK(compcntr_fi_mirror_close(mi) == 0, "mirror_close");
+                     return {pts, e != 0};
+                   });
+    compcntr_fi_mirror* mi = compcntr_fi_mirror_open(pc, c);
+    FCHECK(mi != nullptr, "mirror_open");
+    if (mi) {
+      fault::no_points("compcntr_fi_mirror_progress (nothing new, a gain)", [&] {
+        FCHECK(compcntr_fi_mirror_progress(mi) == 0, "progress");
+        FCHECK(fi_cntr_add(pc, 1) == 0 && compcntr_fi_mirror_progress(mi) == 0, "progress after a gain");
+      });
+      compcntr_fi_mirror_close(mi);
+    }
+    fi_close(&pc->fid);
+    compcntr_destroy_comp_cntr(c);
+  } else {
+    std::printf("fault:   mirror scenarios skipped: no udp;ofi_rxd counter here\n");
+  }
   if (cq) fi_close(&cq->fid);
   if (dom) fi_close(&dom->fid);
   if (fab) fi_close(&fab->fid);
   if (info) fi_freeinfo(info);
   fi_freeinfo(hints);
   close_clean(d);
+}
+#endif
+
+#ifdef COMPCNTR_FAULT_HOOK_DIR
+// ---- the hook provider (FI_HOOK=compcntr): libfabric loads libcompcntr-fi.so in this child ----
+// Its allocations are the program's operator new (interposed as for the library), its fds
+// eventfd/epoll_create1 (and the provider's own: the fd kind fails those too). Documented
+// behaviour (docs/hook.md): an object the hook cannot serve is left to the provider (unhooked,
+// still working), or the call fails with the errno that stopped it; never a crash or a leak.
+void family_hook() {
+  setenv("FI_PROVIDER_PATH", COMPCNTR_FAULT_HOOK_DIR, 1);
+  setenv("FI_HOOK", "compcntr", 1);
+  fi_info* hints = fi_allocinfo();
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_MSG;
+  hints->fabric_attr->prov_name = strdup("udp;ofi_rxd");
+  fi_info* info = nullptr;
+  fid_fabric* fab = nullptr;
+  if (fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &info) != 0 ||
+      fi_fabric(info->fabric_attr, &fab, nullptr) != 0) {
+    std::printf("fault:   hook scenarios skipped: no udp;ofi_rxd fabric here\n");
+    if (info) fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return;
+  }
+  // A counter opened on `dom` works (hooked or the provider's own) and closes.
+  auto cntr_works = [&](fid_domain* dom, fi_wait_obj w, bool want_hooked) {
+    fi_cntr_attr a{};
+    a.events = FI_CNTR_EVENTS_COMP;
+    a.wait_obj = w;
+    fid_cntr* cn = nullptr;
+    const int r = fi_cntr_open(dom, &a, &cn, nullptr);
+    FCHECK(r == 0, "fi_cntr_open without faults = %d (%s)", r, fi_strerror(-r));
+    if (r != 0) return;
+    if (want_hooked) FCHECK(compcntr_fi_cntr_comp_cntr(cn) != nullptr, "the hook serves the counter");
+    FCHECK(fi_cntr_add(cn, 2) == 0 && fi_cntr_read(cn) == 2, "a counter counts");
+    FCHECK(fi_close(&cn->fid) == 0, "fi_close of the counter");
+  };
+  fault::sweep("fi_domain under the hook", fault::all & ~fault::malloc_,
+               [&](mode m, long k, unsigned kinds) -> attempt_result {
+                 fid_domain* dom = reinterpret_cast<fid_domain*>(0x1);
+                 fault::arm(m, k, kinds);
+                 const int r = fi_domain(fab, info, &dom, nullptr);
+                 const long pts = fault::disarm();
+                 if (r != 0) {
+                   FCHECK(fault::one_of(-r, {FI_ENOMEM, FI_EMFILE, ENFILE}), "fi_domain = %d (%s)", r, fi_strerror(-r));
+                   FCHECK(fi_domain(fab, info, &dom, nullptr) == 0, "fi_domain once the fault is gone");
+                 }
+                 // A domain the hook could not wrap is the provider's: its counters are the
+                 // provider's then, so only the counting is asked of it.
+                 cntr_works(dom, FI_WAIT_UNSPEC, r != 0 || fault::failed() == 0);
+                 FCHECK(fi_close(&dom->fid) == 0, "fi_close of the domain");
+                 return {pts, r != 0};
+               });
+  fid_domain* dom = nullptr;
+  if (fi_domain(fab, info, &dom, nullptr) == 0) {
+    cntr_works(dom, FI_WAIT_UNSPEC, true);
+    for (fi_wait_obj w : {FI_WAIT_UNSPEC, FI_WAIT_FD, FI_WAIT_NONE}) {
+      const char* name = w == FI_WAIT_FD ? "fi_cntr_open under the hook (FI_WAIT_FD)"
+                         : w == FI_WAIT_NONE ? "fi_cntr_open under the hook (FI_WAIT_NONE)"
+                                             : "fi_cntr_open under the hook (FI_WAIT_UNSPEC)";
+      fault::sweep(name, fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+        fi_cntr_attr a{};
+        a.events = FI_CNTR_EVENTS_COMP;
+        a.wait_obj = w;
+        fid_cntr* cn = reinterpret_cast<fid_cntr*>(0x1);
+        fault::arm(m, k, kinds);
+        const int r = fi_cntr_open(dom, &a, &cn, nullptr);
+        const long pts = fault::disarm();
+        if (r != 0) {
+          FCHECK(fault::one_of(-r, {FI_ENOMEM, FI_EMFILE, ENFILE}), "fi_cntr_open = %d (%s)", r, fi_strerror(-r));
+          FCHECK(cn == reinterpret_cast<fid_cntr*>(0x1), "*cntr not written on error");
+          const int r2 = fi_cntr_open(dom, &a, &cn, nullptr);
+          FCHECK(r2 == 0, "fi_cntr_open once the fault is gone = %d", r2);
+          if (r2 != 0) return {pts, true};
+          FCHECK(compcntr_fi_cntr_comp_cntr(cn) != nullptr, "hooked again once the fault is gone");
+        }
+        // Hooked, or left to the provider: it counts, waits and closes either way.
+        FCHECK(fi_cntr_add(cn, 2) == 0 && fi_cntr_read(cn) == 2, "the counter counts");
+        if (w != FI_WAIT_NONE) FCHECK(fi_cntr_wait(cn, 2, 0) == 0, "fi_cntr_wait at the threshold");
+        FCHECK(fi_close(&cn->fid) == 0, "fi_close");
+        return {pts, r != 0};
+      });
+    }
+    cntr_works(dom, FI_WAIT_UNSPEC, true);  // nothing a fault did stays behind
+    fi_close(&dom->fid);
+  } else {
+    FCHECK(false, "fi_domain under the hook without faults");
+  }
+  fi_close(&fab->fid);
+  fi_freeinfo(info);
+  fi_freeinfo(hints);
 }
 #endif
 
@@ -770,7 +911,10 @@ TEST_CASE("fault: completion tracker") { check_family("tracker", family_tracker)
 TEST_CASE("fault: QPs and MRs") { check_family("qp", family_qp); }
 TEST_CASE("fault: low RLIMIT_NOFILE") { check_family("rlimit", family_rlimit); }
 #if COMPCNTR_FAULT_FABRIC
-TEST_CASE("fault: libfabric adapter and bridge") { check_family("fabric", family_fabric); }
+TEST_CASE("fault: libfabric adapter, bridge and mirror") { check_family("fabric", family_fabric); }
+#endif
+#ifdef COMPCNTR_FAULT_HOOK_DIR
+TEST_CASE("fault: the hook provider (FI_HOOK=compcntr)") { check_family("hook", family_hook); }
 #endif
 TEST_CASE("fault: totals") {
   std::printf("fault: %ld scenarios, %ld injection points, %ld runs with a fault (%ld refused with a "
