@@ -162,6 +162,38 @@ void family_counters() {
     for (auto* c : held) compcntr_destroy_comp_cntr(c);
     close_clean(d);
   }
+  // A striped counter allocates its stripes (128 bytes each) beside the slot: ENOMEM leaves the
+  // pool's room (one left) and the counter is exact once made.
+  for (std::uint32_t stripes : {4u, static_cast<std::uint32_t>(COMPCNTR_COMP_CNTR_STRIPES_PER_CPU)}) {
+    compcntr_device* d = open_soft("2");
+    compcntr_comp_cntr* held = counter(d);
+    fault::sweep(stripes == 4 ? "create_comp_cntr (striped, 4 stripes; room for one)"
+                              : "create_comp_cntr (striped, per CPU; room for one)",
+                 fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+                   compcntr_comp_cntr_init_attr a{};
+                   a.comp_mask = COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
+                   a.stripes = stripes;
+                   fault::arm(m, k, kinds);
+                   compcntr_comp_cntr* c = compcntr_create_comp_cntr(d, &a);
+                   const int e = errno;
+                   const long pts = fault::disarm();
+                   const bool refused = c == nullptr;
+                   if (!c) {
+                     FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+                     c = compcntr_create_comp_cntr(d, &a);  // the room is still there
+                     FCHECK(c != nullptr, "the failed create took the last room: %s", compcntr_last_error_message());
+                   }
+                   if (c) {
+                     FCHECK(value(c) == 0 && compcntr_inc_comp_cntr(c, 7) == 0 && compcntr_inc_comp_cntr(c, 1) == 0 &&
+                                value(c) == 8,
+                            "a striped counter counts");
+                     FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy");
+                   }
+                   return {pts, refused};
+                 });
+    compcntr_destroy_comp_cntr(held);
+    close_clean(d);
+  }
   // The first counter of a device allocates its first arena (hwloc_alloc_membind); the
   // 4097th the second (arenas of 4096 slots).
   for (int before : {0, 4096}) {
@@ -412,6 +444,62 @@ void family_credits() {
                  }
                  return {pts, refused};
                });
+  fault::sweep("credits_create_per_peer (3 peers, room for 3 counters)", fault::all & ~fault::malloc_,
+               [&](mode m, long k, unsigned kinds) -> attempt_result {
+                 const std::uint64_t windows[3] = {1, 4, 2};
+                 fault::arm(m, k, kinds);
+                 compcntr_credits* cr = compcntr_credits_create_per_peer(d, 3, windows);
+                 const int e = errno;
+                 const long pts = fault::disarm();
+                 const bool refused = cr == nullptr;
+                 if (!cr) {
+                   FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+                   cr = compcntr_credits_create_per_peer(d, 3, windows);
+                   FCHECK(cr != nullptr, "create_per_peer once the fault is gone: %s", compcntr_last_error_message());
+                 }
+                 if (cr) {
+                   std::uint64_t w = 0;
+                   FCHECK(compcntr_credits_window(cr, 1, &w) == 0 && w == 4, "window of peer 1");
+                   FCHECK(compcntr_credits_acquire(cr, 0, 1, 0) == 0 && compcntr_credits_acquire(cr, 0, 1, 0) == ETIMEDOUT,
+                          "peer 0 has one credit");
+                   compcntr_comp_cntr_init_attr a{};
+                   FCHECK(compcntr_create_comp_cntr(d, &a) == nullptr && errno == ENOMEM, "the pool is full");
+                   FCHECK(compcntr_credits_destroy(cr) == 0, "destroy");
+                 }
+                 return {pts, refused};
+               });
+  {
+    // Adopt the two held counters (with counts on them: issued starts there): a refused adopt
+    // holds no reference (destroy of the counters is not EBUSY afterwards).
+    compcntr_inc_comp_cntr(held[0], 3);
+    compcntr_inc_err_comp_cntr(held[1], 1);
+    fault::sweep("credits_adopt (2 of the caller's counters)", fault::all & ~fault::malloc_,
+                 [&](mode m, long k, unsigned kinds) -> attempt_result {
+                   const std::uint64_t windows[2] = {2, 5};
+                   fault::arm(m, k, kinds);
+                   compcntr_credits* cr = compcntr_credits_adopt(d, held, 2, windows);
+                   const int e = errno;
+                   const long pts = fault::disarm();
+                   const bool refused = cr == nullptr;
+                   if (!cr) {
+                     FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+                     FCHECK(compcntr_comp_cntr_set_owner(held[0], "probe") == 0 &&
+                                compcntr_comp_cntr_set_owner(held[0], nullptr) == 0,
+                            "a refused adopt left no owner");
+                     cr = compcntr_credits_adopt(d, held, 2, windows);
+                     FCHECK(cr != nullptr, "adopt once the fault is gone: %s", compcntr_last_error_message());
+                   }
+                   if (cr) {
+                     std::uint64_t o = 9;
+                     FCHECK(compcntr_credits_outstanding(cr, 0, &o) == 0 && o == 0, "nothing outstanding at adopt");
+                     FCHECK(compcntr_credits_acquire(cr, 1, 5, 0) == 0 && compcntr_credits_release(cr, 1, 5) == 0,
+                            "adopted credits work");
+                     FCHECK(compcntr_destroy_comp_cntr(held[0]) == EBUSY, "an adopted counter is EBUSY");
+                     FCHECK(compcntr_credits_destroy(cr) == 0, "destroy");
+                   }
+                   return {pts, refused};
+                 });
+  }
   compcntr_credits* cr = compcntr_credits_create(d, 2, 8);
   compcntr_comp_cntr* pc = compcntr_credits_counter(cr, 1);
   fault::no_points("credits acquire/release/flush/outstanding/counter", [&] {
