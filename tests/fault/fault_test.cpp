@@ -983,6 +983,9 @@ void family_hook() {
 void check_family(const char* name, void (*fn)()) {
   const fault::totals t = fault::run_family(name, fn);
   add(t);
+  std::printf("fault: family %s: %ld scenarios, %ld injection points, %ld runs with a fault, %ld failures\n", name,
+              t.scenarios, t.points, t.runs, t.failures);
+  std::fflush(stdout);
   CHECK_MESSAGE(t.failures == 0, name << ": " << t.failures << " failure(s), see the log");
 }
 
