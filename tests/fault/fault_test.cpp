@@ -725,6 +725,15 @@ void family_rlimit() {
   // and UBSan's first vptr check of a class opens a pipe. What fails below is the cmd_comp's
   // own eventfd.
   compcntr_devx_destroy_cmd_comp(compcntr_devx_create_cmd_comp(d));
+#if COMPCNTR_FAULT_FABRIC
+  // The adapter's classes once with fds to spare (the sanitizers' first checks of a class).
+  fi_cntr_attr fa{};
+  fa.events = FI_CNTR_EVENTS_COMP;
+  fa.wait_obj = FI_WAIT_FD;
+  fid_cntr* warm = nullptr;
+  FCHECK(compcntr_fi_cntr_open(d, &fa, &warm, nullptr) == 0, "adapter FI_WAIT_FD with fds");
+  if (warm) fi_close(&warm->fid);
+#endif
   rlimit old{};
   getrlimit(RLIMIT_NOFILE, &old);
   int lowest_free = 0;
@@ -739,6 +748,39 @@ void family_rlimit() {
   compcntr_devx_cmd_comp* q = compcntr_devx_create_cmd_comp(d);
   const int e = errno;
   FCHECK(q == nullptr && e == EMFILE, "create_cmd_comp: %p errno %d (%s)", static_cast<void*>(q), e, std::strerror(e));
+  FCHECK(compcntr_comp_cntr_arm_fd_threshold(c, 1) == EINVAL, "no fd to arm for a threshold");
+  {
+    // A striped counter needs no fd.
+    compcntr_comp_cntr_init_attr sa{};
+    sa.comp_mask = COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
+    sa.stripes = COMPCNTR_COMP_CNTR_STRIPES_PER_CPU;
+    compcntr_comp_cntr* sc = compcntr_create_comp_cntr(d, &sa);
+    FCHECK(sc != nullptr, "a striped counter without fds: %s", compcntr_last_error_message());
+    if (sc) {
+      FCHECK(compcntr_inc_comp_cntr(sc, 4) == 0 && value(sc) == 4, "it counts");
+      FCHECK(compcntr_comp_cntr_get_fd(sc, &fd) == EMFILE, "its fd is EMFILE");
+      FCHECK(compcntr_destroy_comp_cntr(sc) == 0, "destroy");
+    }
+  }
+#if COMPCNTR_FAULT_FABRIC
+  {
+    // The adapter: FI_WAIT_FD needs the counter's eventfd (-FI_EMFILE, *cntr untouched);
+    // FI_WAIT_UNSPEC does not.
+    fid_cntr* cn = reinterpret_cast<fid_cntr*>(0x1);
+    const int ra = compcntr_fi_cntr_open(d, &fa, &cn, nullptr);
+    FCHECK(ra == -FI_EMFILE && cn == reinterpret_cast<fid_cntr*>(0x1), "adapter FI_WAIT_FD without fds = %d (%s)", ra,
+           fi_strerror(-ra));
+    fi_cntr_attr ua = fa;
+    ua.wait_obj = FI_WAIT_UNSPEC;
+    cn = nullptr;
+    const int ru = compcntr_fi_cntr_open(d, &ua, &cn, nullptr);
+    FCHECK(ru == 0, "adapter FI_WAIT_UNSPEC without fds = %d (%s)", ru, fi_strerror(-ru));
+    if (cn) {
+      FCHECK(fi_cntr_add(cn, 1) == 0 && fi_cntr_read(cn) == 1, "it counts");
+      FCHECK(fi_close(&cn->fid) == 0, "fi_close");
+    }
+  }
+#endif
   // A device opened without fds (hwloc cannot read sysfs either). Not under the sanitizers:
   // UBSan's vptr check of a new object and ASan's report path need fds themselves (a pipe,
   // /proc/self/maps) and abort in the runtime; the normal build runs it.
@@ -757,6 +799,11 @@ void family_rlimit() {
   q = compcntr_devx_create_cmd_comp(d);
   FCHECK(q != nullptr, "create_cmd_comp with fds back");
   if (q) compcntr_devx_destroy_cmd_comp(q);
+#if COMPCNTR_FAULT_FABRIC
+  fid_cntr* back = nullptr;
+  FCHECK(compcntr_fi_cntr_open(d, &fa, &back, nullptr) == 0, "adapter FI_WAIT_FD with fds back");
+  if (back) fi_close(&back->fid);
+#endif
   compcntr_destroy_comp_cntr(c);
   close_clean(d);
   fault::tally().scenarios += 1;
