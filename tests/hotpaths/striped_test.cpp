@@ -174,6 +174,10 @@ TEST_CASE("striped: waits return as on a plain counter: spinning, asleep (woken)
   c.add(3);
   CHECK(compcntr::wait(c, 3, 0ms) == std::errc{});
   CHECK(compcntr::wait(c, 4, 0ms) == std::errc::timed_out);
+  CHECK(compcntr::wait(c, 1, 0ms) == std::errc{});  // the slot's own word is 0, the sum is 3
+  CHECK(compcntr::wait(c, 0, 0ms) == std::errc{});
+  CHECK(compcntr::wait_since(c, 3, c.errors(), 0ms) == std::errc{});
+  CHECK(compcntr::wait_since(c, 4, c.errors(), 0ms) == std::errc::timed_out);
   // A forced-sleep waiter, asleep in the kernel before the update, is woken by a striped add.
   // A lost wake-up would end the wait only at its 20 s timeout (the final re-check then sees
   // the value): it must end long before.
