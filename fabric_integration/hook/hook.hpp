@@ -36,6 +36,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
@@ -87,6 +88,11 @@ struct domain_state {
 
 fabric_state* find_fabric(fid_fabric* f) noexcept;
 domain_state* find_domain(fid_domain* d) noexcept;
+/// The records (provider.cpp): kept from installation until the object's close succeeds.
+bool add_fabric(std::unique_ptr<fabric_state> fs) noexcept;  ///< false without memory
+void forget_fabric(fid_fabric* f) noexcept;
+bool add_domain(std::unique_ptr<domain_state> ds) noexcept;  ///< false without memory
+void forget_domain(fid_domain* d) noexcept;
 
 // ---- counters (hook_cntr.cpp) ----------------------------------------------------------------
 
@@ -98,7 +104,7 @@ fid_cntr* hidden_of(hook_cntr* c) noexcept;
 /// A successful bind of the hidden counter (statistics; progress bookkeeping).
 void note_bound(hook_cntr* c) noexcept;
 /// Bindings to endpoints not enabled yet: the progress thread leaves such a counter alone (a
-/// provider's endpoint cannot be progressed before fi_enable: rxm crashes). hook.cpp counts them
+/// provider's endpoint cannot be progressed before fi_enable: rxm crashes). install.cpp counts them
 /// up at fi_ep_bind and down at fi_enable or fi_close of the endpoint.
 void pending_add(hook_cntr* c, int delta) noexcept;
 /// domain ops cntr_open.
@@ -112,7 +118,10 @@ bool progress_all() noexcept;
 /// Sum of the per-counter read counts of live counters (for the stats line at exit).
 void sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_t& waits) noexcept;
 
-// ---- installing on objects (hook.cpp) --------------------------------------------------------
+// ---- installing on objects (install.cpp) -----------------------------------------------------
+
+/// The provider's fabric() entry: installs on the fabric libfabric hands the hook.
+int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context);
 
 void install_domain(fid_domain* d, fabric_state* fs) noexcept;
 /// Installs on an endpoint (any fid_ep class); trigger_*: FI_TRIGGER among its default flags.
