@@ -94,10 +94,10 @@ void judge(check& c) {
   };
   switch (c.g) {
     case goal::info: c.target_text = "-"; break;
-    case goal::ratio_at_most: c.target_text = fmt("<= %gx", c.target); break;
-    case goal::speedup_at_least: c.target_text = fmt(">= %gx", c.target); break;
-    case goal::speedup_above: c.target_text = fmt("> %gx", c.target); break;
-    case goal::value_at_most: c.target_text = fmt("<= %g ", c.target) + c.cc.unit; break;
+    case goal::ratio_at_most: c.target_text = fmt("<= %.4gx", c.target); break;
+    case goal::speedup_at_least: c.target_text = fmt(">= %.4gx", c.target); break;
+    case goal::speedup_above: c.target_text = fmt("> %.4gx", c.target); break;
+    case goal::value_at_most: c.target_text = fmt("<= %.4g ", c.target) + c.cc.unit; break;
   }
   if (!ok || (c.g != goal::value_at_most && !has_ref && c.g != goal::info)) {
     c.verdict = "n/a";

@@ -8,6 +8,14 @@
 //      the raw_* ops, which run the same loop around a bare std::atomic)
 //
 // bench/opcount.sh does this for every op and prints instructions per operation.
+//
+// Ops whose count of iterations is not N (the poll loops of a wait: they spin until another
+// thread updates the counter) are counted per *iteration*: opcount.sh runs them with
+// --dump-instr=yes and divides the collected instructions by the execution count of the loop's
+// instructions (the largest per-instruction count: every instruction of the loop body runs
+// once per iteration), see opcount_iter.py.
+#include <chrono>
+#include <thread>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +25,10 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "rows/freelist.hpp"
+#include "rows/p11_c_loops.h"
+
+#include <compcntr/compcntr.h>
 
 import compcntr;
 
@@ -43,7 +55,85 @@ __attribute__((noinline)) void opcount_create_destroy(compcntr::device& dev,
   for (std::uint64_t i = 0; i < n; ++i) v[i].reset();
 }
 
+/// P12's operations on a striped counter (one thread: the stripe choice and the RMW).
+__attribute__((noinline)) void opcount_striped_add(compcntr::counter& c, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) c.add(1);
+}
+__attribute__((noinline)) void opcount_striped_read(const compcntr::counter& c, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) bench::keep(c.value());
+}
+/// One create + destroy at a time (the pool's hot path, P7's "one at a time").
+__attribute__((noinline)) void opcount_create_destroy_one(compcntr::device& dev, std::uint64_t n) {
+  std::error_code ec;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
+    bench::escape(&c);
+  }
+}
+/// P7's references: the minimal free list (rows/freelist.hpp), one at a time and n live.
+__attribute__((noinline)) void opcount_freelist_one(bench::rows::free_list& fl, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    bench::rows::block128* b = fl.pop();
+    bench::escape(b);
+    fl.push(*b);
+  }
+}
+__attribute__((noinline)) void opcount_freelist_all(bench::rows::free_list& fl,
+                                                    std::vector<bench::rows::block128*>& held,
+                                                    std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) held[i] = fl.pop();
+  for (std::uint64_t i = 0; i < n; ++i) fl.push(*held[i]);
+}
+/// n creates then n destroys through the C API.
+__attribute__((noinline)) void opcount_c_create_destroy(compcntr_device* dev,
+                                                        std::vector<compcntr_comp_cntr*>& v,
+                                                        std::uint64_t n) {
+  compcntr_comp_cntr_init_attr attr{};
+  for (std::uint64_t i = 0; i < n; ++i) v[i] = compcntr_create_comp_cntr(dev, &attr);
+  for (std::uint64_t i = 0; i < n; ++i) compcntr_destroy_comp_cntr(v[i]);
+}
+
+/// The spin wait's poll loop: compcntr::wait in spin-only mode on a counter another thread
+/// completes later (per iteration, see the file comment). Without a timeout (no clock read in
+/// the loop) and with a 2 s one (a clock read every 16 polls).
+__attribute__((noinline)) void opcount_wait_poll(const compcntr::counter& c) {
+  bench::keep(static_cast<std::uint64_t>(
+      compcntr::wait(c, 1, compcntr::wait_forever, {.spin = compcntr::spin_forever})));
+}
+__attribute__((noinline)) void opcount_wait_poll_timeout(const compcntr::counter& c) {
+  bench::keep(static_cast<std::uint64_t>(
+      compcntr::wait(c, 1, std::chrono::milliseconds(2000), {.spin = compcntr::spin_forever})));
+}
+/// The raw reference of P4: `pause` + acquire load until the value is reached; and the same with
+/// P4's 16-poll clock check.
+__attribute__((noinline)) void opcount_raw_poll(const std::atomic<std::uint64_t>& a) {
+  while (a.load(std::memory_order_acquire) < 1) compcntr::cpu_relax();
+}
+__attribute__((noinline)) void opcount_raw_poll_timeout(const std::atomic<std::uint64_t>& a) {
+  if (a.load(std::memory_order_acquire) >= 1) return;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(2000);
+  for (unsigned k = 1;; ++k) {
+    compcntr::cpu_relax();
+    if (a.load(std::memory_order_acquire) >= 1) return;
+    if (k % 16 == 0 && std::chrono::steady_clock::now() >= end) return;
+  }
+}
+
 }  // extern "C"
+
+namespace {
+/// Runs poll(word) while another thread sets the word after `ms` milliseconds (of wall time:
+/// under valgrind the poll loop runs millions of iterations meanwhile).
+template <class Poll, class Set>
+void poll_until_set(Poll poll, Set set, int ms) {
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    set();
+  });
+  poll();
+  t.join();
+}
+}  // namespace
 
 /// Not counted (name does not match opcount_*): fills the pool so the counted pass recycles slots.
 __attribute__((noinline)) static void warm_pool(compcntr::device& dev, std::vector<compcntr::counter>& v,
@@ -54,7 +144,10 @@ __attribute__((noinline)) static void warm_pool(compcntr::device& dev, std::vect
 }
 
 int main(int argc, char** argv) {
-  const char* ops = "read raw_load add raw_add create_destroy";
+  const char* ops = "read raw_load add raw_add create_destroy create_destroy_one freelist_one "
+                    "freelist_all c_read c_read_err c_inc c_inc_err c_wait_satisfied c_raw_load "
+                    "c_raw_fetch_add c_create_destroy wait_poll wait_poll_timeout raw_poll "
+                    "raw_poll_timeout striped_add striped_read";
   if (argc != 3) {
     std::fprintf(stderr, "usage: compcntr_opcount OP N   (OP: %s)\n", ops);
     return 2;
@@ -67,6 +160,16 @@ int main(int argc, char** argv) {
   auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
   if (ec) return std::fprintf(stderr, "create: %s\n", compcntr::last_error_message().data()), 1;
   std::atomic<std::uint64_t> a{0};
+  compcntr_device* cdev = nullptr;
+  compcntr_comp_cntr* cc = nullptr;
+  if (op.rfind("c_", 0) == 0) {
+    cdev = compcntr_open_device("soft");
+    compcntr_comp_cntr_init_attr attr{};
+    if (cdev) cc = compcntr_create_comp_cntr(cdev, &attr);
+    if (!cc) return std::fprintf(stderr, "C create: %s\n", compcntr_last_error_message()), 1;
+    compcntr_set_comp_cntr(cc, 42);
+  }
+  std::uint64_t failures = 0;
   if (op == "read") opcount_read(c, n);
   else if (op == "raw_load") opcount_raw_load(a, n);
   else if (op == "add") opcount_add(c, n);
@@ -75,10 +178,49 @@ int main(int argc, char** argv) {
     std::vector<compcntr::counter> v(n);
     warm_pool(dev, v, n);
     opcount_create_destroy(dev, v, n);
+  } else if (op == "striped_add" || op == "striped_read") {
+    auto sc = dev.create_counter(compcntr::counter_options{.stripes = 2}, ec);
+    if (ec) return std::fprintf(stderr, "create striped: %s\n", compcntr::last_error_message().data()), 1;
+    if (op == "striped_add") opcount_striped_add(sc, n);
+    else opcount_striped_read(sc, n);
+  } else if (op == "create_destroy_one") {
+    opcount_create_destroy_one(dev, n);
+  } else if (op == "freelist_one" || op == "freelist_all") {
+    bench::rows::block128* mem = bench::rows::map_blocks(n);
+    if (!mem) return std::fprintf(stderr, "mmap failed\n"), 1;
+    bench::rows::free_list fl(mem, static_cast<std::uint32_t>(n));
+    std::vector<bench::rows::block128*> held(n);
+    if (op == "freelist_one") opcount_freelist_one(fl, n);
+    else opcount_freelist_all(fl, held, n);
+    bench::rows::unmap_blocks(mem, n);
+  } else if (op == "c_read") p11_c_read(cc, n, &failures);
+  else if (op == "c_read_err") p11_c_read_err(cc, n, &failures);
+  else if (op == "c_inc") p11_c_inc(cc, n, &failures);
+  else if (op == "c_inc_err") p11_c_inc_err(cc, n, &failures);
+  else if (op == "c_wait_satisfied") p11_c_wait_satisfied(cc, 1, n, &failures);
+  else if (op == "c_raw_load") p11_c_raw_load(&a, n);
+  else if (op == "c_raw_fetch_add") p11_c_raw_fetch_add(&a, n);
+  else if (op == "c_create_destroy") {
+    std::vector<compcntr_comp_cntr*> v(n);
+    compcntr_comp_cntr_init_attr attr{};
+    for (std::uint64_t i = 0; i < n; ++i) v[i] = compcntr_create_comp_cntr(cdev, &attr);  // warm
+    for (std::uint64_t i = 0; i < n; ++i) compcntr_destroy_comp_cntr(v[i]);
+    opcount_c_create_destroy(cdev, v, n);
+  } else if (op == "wait_poll" || op == "wait_poll_timeout") {
+    const int ms = static_cast<int>(n);  // N is the waker's delay in ms for the poll ops
+    poll_until_set([&] { op == "wait_poll" ? opcount_wait_poll(c) : opcount_wait_poll_timeout(c); },
+                   [&] { c.add(1); }, ms);
+  } else if (op == "raw_poll" || op == "raw_poll_timeout") {
+    const int ms = static_cast<int>(n);
+    poll_until_set([&] { op == "raw_poll" ? opcount_raw_poll(a) : opcount_raw_poll_timeout(a); },
+                   [&] { a.fetch_add(1); }, ms);
   } else {
     std::fprintf(stderr, "unknown op '%s' (OP: %s)\n", op.c_str(), ops);
     return 2;
   }
+  if (failures != 0) return std::fprintf(stderr, "%llu C calls failed\n", static_cast<unsigned long long>(failures)), 1;
+  if (cc) compcntr_destroy_comp_cntr(cc);
+  if (cdev) compcntr_close_device(cdev);
   std::printf("%s x %llu done (value %llu)\n", op.c_str(), static_cast<unsigned long long>(n),
               static_cast<unsigned long long>(c.value() + a.load()));
   return 0;

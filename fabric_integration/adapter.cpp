@@ -120,6 +120,9 @@ fi_ops_cntr cntr_ops = {
 
 // ---- fi_ops (the fid) ------------------------------------------------------------------------
 
+// What compcntr_destroy_comp_cntr's EBUSY message names while an adapter owns its counter.
+constexpr const char* adapter_owner = "a libfabric fid_cntr (compcntr_fi_cntr_open): fi_close it instead";
+
 int fid_close(fid* f) {
   adapter* a = of(f);
   {
@@ -129,8 +132,11 @@ int fid_close(fid* f) {
            a->bindings);
       return -FI_EBUSY;
     }
-    // EBUSY if the application attached the compcntr counter to a QP; nothing changes then.
+    // EBUSY if the application attached the compcntr counter to a QP; nothing changes then
+    // (the counter is owned again).
+    compcntr_comp_cntr_set_owner(a->cc, nullptr);
     if (const int err = compcntr_destroy_comp_cntr(a->cc)) {
+      compcntr_comp_cntr_set_owner(a->cc, adapter_owner);
       fail(err, "fi_close: the compcntr counter cannot be destroyed: %s", compcntr_last_error_message());
       return -err;
     }
@@ -347,6 +353,8 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
     compcntr_destroy_comp_cntr(cc);
     return -fail(ENOMEM, "compcntr_fi_cntr_open: out of memory");
   }
+  // From here on compcntr_destroy_comp_cntr(cc) is EBUSY: only fi_close destroys it.
+  compcntr_comp_cntr_set_owner(cc, adapter_owner);
   *cntr = &ad->cntr;
   return 0;
 }

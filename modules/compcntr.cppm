@@ -13,7 +13,10 @@
 //     device, wait (wait, poll_any, pollable fds);
 //   features (modules/features/): mr (registered memory), qp (queue pairs, attach), cmd_comp
 //     (asynchronous command completion), refresher (mirrors of device-held counters), credits
-//     (per-peer credit tracking for MPI runtimes).
+//     (per-peer credit tracking for MPI runtimes), tracker (issued vs completed one-sided
+//     operations: quiet).
+module;
+#include <string_view>
 export module compcntr;
 export import :cache_padded;
 export import :error;
@@ -32,3 +35,13 @@ export import :qp;
 export import :cmd_comp;
 export import :refresher;
 export import :credits;
+export import :tracker;
+
+export namespace compcntr {
+
+/// The version of the compcntr library the program runs with, e.g. "0.1.0": the project
+/// version of meson.build, the same string as compcntr_version() and COMPCNTR_VERSION_STRING
+/// (<compcntr/version.h>, the headers' version). A static string (NUL-terminated).
+std::string_view version() noexcept;
+
+}  // namespace compcntr

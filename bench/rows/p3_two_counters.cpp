@@ -1,6 +1,9 @@
 // P3: two threads, each incrementing its own counter.
-// Target: >= 0.9x the rate of two hand-padded raw atomics; >= 7x faster than two adjacent
-// unpadded atomics (false sharing). Also shown (no target): both threads on one shared atomic.
+// Targets: >= 0.9x the rate of two hand-padded raw atomics; against two adjacent unpadded
+// atomics (false sharing), >= 0.85x of the same run's padded/adjacent ratio: padding cannot give
+// more than the machine allows (3-10x on the VMs measured so far), so the target is a fraction
+// of what two hand-padded atomics gain over adjacent ones in this very run. Also shown (no
+// target): both threads on one shared atomic.
 //
 // What is timed: thread A pinned to the first CPU, thread B to the second, released together by a
 // spin barrier; each does n increments on its own counter; a sample is the two threads' mean CPU
@@ -83,19 +86,23 @@ void run(bench::context& ctx) {
                 bench::context::min_overlap * 100);
   ctx.add(bench::compare("P3", "2 threads: 2 pool counters vs 2 padded atomics",
                          r[0], r[1], bench::goal::speedup_at_least, 0.9, overlap));
-  // How much padding alone can gain here: if two padded raw atomics are themselves less than 7x
-  // faster than two adjacent ones, the 7x target is out of reach on this machine for any layout.
+  // How much padding alone can gain here: two padded raw atomics over two adjacent ones. The
+  // target is 0.85x of that ceiling (performance.md); unmeasurable ceiling: the line is n/a.
+  constexpr double share_of_ceiling = 0.85;
+  double target = 0;
   std::string ceiling;
   if (r[1].available && r[2].available && r[1].st.median > 0) {
     char buf[200];
     const double most = r[2].st.median / r[1].st.median;
+    target = share_of_ceiling * most;
     std::snprintf(buf, sizeof buf, "in this run 2 padded raw atomics were %.2fx faster than 2 "
-                  "adjacent ones: the most any padding can give here, %s the 7x target",
-                  most, most < 7 ? "below" : "above");
+                  "adjacent ones (the most padding can give here); target %.2f x that = %.2fx",
+                  most, share_of_ceiling, target);
     ceiling = buf;
   }
   ctx.add(bench::compare("P3", "2 threads: 2 pool counters vs 2 adjacent atomics",
-                         r[0], r[2], bench::goal::speedup_at_least, 7, ceiling));
+                         r[0], target > 0 ? r[2] : bench::result::unavailable(r[2].name, "no ceiling: padded or adjacent reference unavailable", r[2].unit),
+                         bench::goal::speedup_at_least, target, ceiling));
   ctx.add(bench::compare("P3", "2 threads: 2 pool counters vs 1 shared atomic", r[0], r[3]));
 }
 

@@ -60,6 +60,16 @@ struct compcntr_wait_attr {
  * comp_mask bit, spin_ns < 0 or progress_interval_us == 0. */
 int compcntr_wait_comp_cntr_ex(struct compcntr_comp_cntr *cc, uint64_t threshold, int timeout_ms,
                                const struct compcntr_wait_attr *attr);
+/* compcntr_wait_comp_cntr_ex against an error count the caller already read: EIO as soon as a
+ * check (the first one included) sees the error count differ from errors_seen, instead of
+ * "changed during the wait". For a caller that reads the counter, decides what to wait for,
+ * and then waits: an error that arrives between its read and the wait's own sample would
+ * otherwise go unseen (C++ compcntr::wait_since). Reaching the threshold still wins over an
+ * error change seen at the same check. attr NULL: defaults. */
+int compcntr_wait_comp_cntr_since(struct compcntr_comp_cntr *cc, uint64_t threshold,
+                                  uint64_t errors_seen, int timeout_ms,
+                                  const struct compcntr_wait_attr *attr);
+
 /* compcntr_poll_comp_cntrs with options (attr NULL: defaults). */
 int compcntr_poll_comp_cntrs_ex(struct compcntr_comp_cntr *const *ccs, const uint64_t *thresholds,
                                 size_t n, int timeout_ms, size_t *which,
@@ -77,6 +87,34 @@ int compcntr_comp_cntr_get_fd(struct compcntr_comp_cntr *cc, int *fd);
  * the next arm (which drains it) or until you read it. Use: arm, then read the counter, and
  * only if it is not done, poll/epoll_wait on the fd. Readiness may be spurious, never missed. */
 int compcntr_comp_cntr_arm_fd(struct compcntr_comp_cntr *cc);
+
+/* Arms the fd for a threshold (EINVAL if compcntr_comp_cntr_get_fd was never called): it becomes
+ * readable once the completion count is >= threshold, or once the error count differs from its
+ * value at this call -- not on the updates before that, which leave it armed. So an epoll-driven
+ * progress engine wakes once per batch, not once per completion. If the threshold is already
+ * reached when arming (or an error raced with it), the fd is readable on return. One-shot, like
+ * compcntr_comp_cntr_arm_fd (re-arm to wait again; a new arm replaces the condition and drains
+ * an earlier readiness). Readiness may be spurious, never missed: read the counter after it.
+ * While armed below the threshold, every update of the counter takes the watcher path (a call
+ * and a few loads, ~55 instructions; no RMW, no syscall); nothing at all while not armed. Arm
+ * from one thread at a time per counter. */
+int compcntr_comp_cntr_arm_fd_threshold(struct compcntr_comp_cntr *cc, uint64_t threshold);
+
+#ifdef COMPCNTR_INLINE_FAST_PATHS
+/* compcntr_wait_comp_cntr inline when the threshold is already reached (one acquire load, as
+ * the C++ compcntr::wait); everything else is the exported call. See <compcntr/compcntr.h>. */
+static inline int compcntr_wait_comp_cntr_inline_(struct compcntr_comp_cntr *cc, uint64_t threshold,
+                                                  int timeout_ms)
+{
+	const struct compcntr_comp_cntr_slot_ *s;
+	if (__builtin_expect(cc != NULL, 1) && __builtin_expect((s = cc->slot_)->stripes == NULL, 1) &&
+	    __atomic_load_n(&s->value, __ATOMIC_ACQUIRE) >= threshold)
+		return 0;
+	return (compcntr_wait_comp_cntr)(cc, threshold, timeout_ms);
+}
+#define compcntr_wait_comp_cntr(cc, threshold, timeout_ms) \
+	compcntr_wait_comp_cntr_inline_((cc), (threshold), (timeout_ms))
+#endif
 
 #ifdef __cplusplus
 }

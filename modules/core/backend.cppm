@@ -185,22 +185,42 @@ inline constexpr std::size_t command_engine_batch = 64;
 class device_core {
  public:
   device_core(std::unique_ptr<backend> be, std::uint32_t max_counters) noexcept
-      : backend_(std::move(be)), pool_(max_counters) {}
+      : backend_(std::move(be)), pool_(max_counters) {
+    pool_.hold();  // the handle's reference
+    // backend::check_type answers the same for the device's life: ask once (create_counter
+    // asks again only for a refused type, to report the backend's reason).
+    for (counter_type t : {counter_type::wrs, counter_type::bytes})
+      if (!backend_->check_type(t)) types_ok_ |= 1u << static_cast<unsigned>(t);
+  }
+  /// Whether the backend counts `t` (a valid counter_type), as backend::check_type said.
+  inline bool type_ok(counter_type t) const noexcept {
+    return (types_ok_ >> static_cast<unsigned>(t)) & 1u;
+  }
 
   inline backend& be() noexcept { return *backend_; }
   inline const backend& be() const noexcept { return *backend_; }
   inline slot_pool& pool() noexcept { return pool_; }
   inline const slot_pool& pool() const noexcept { return pool_; }
 
+  /// References to the device: the handle and every live object of it. Live counters count
+  /// through the pool's live slots (slot_pool::hold: one word for both, so creating and
+  /// destroying a counter costs no RMW of its own for the device's lifetime); other objects
+  /// (QPs, MRs, cmd_comps, ...) retain() and release().
   /// Memory ordering: retain is relaxed (the caller already holds a reference); release is
   /// acq_rel so the last releaser sees every write made under every reference before deleting.
-  inline void retain() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  inline void retain() noexcept { pool_.hold(); }
   inline void release() noexcept {
-    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+    if (pool_.unhold()) delete this;
+  }
+  /// Returns a freed counter's slot to the pool (compcntr:lifetime); deletes the device if that
+  /// was its last object and the handle is gone. Memory ordering: slot_pool::release.
+  inline void release_counter_slot(slot& s) noexcept {
+    if (pool_.release(s)) delete this;
   }
   /// Drops the caller's (sole) reference; EBUSY if objects of the device are still alive.
   std::error_code close() noexcept;
-  inline std::uint32_t refs() const noexcept { return refs_.load(std::memory_order_acquire); }
+  /// References held on the device besides its live counters (the handle included).
+  inline std::uint32_t refs() const noexcept { return pool_.holds(); }
 
   /// Drains this device's progress sources (emulated verbs CQs); returns the completions
   /// consumed. 0 at the cost of one relaxed load when the device has none (software device).
@@ -223,7 +243,7 @@ class device_core {
   std::unique_ptr<backend> backend_;
   slot_pool pool_;
   progress_registry progress_;
-  std::atomic<std::uint32_t> refs_{1};
+  std::uint32_t types_ok_ = 0;  ///< bit t: check_type(t) succeeded
   std::mutex services_mu_;                        ///< add_service only
   std::atomic<device_service*> services_{nullptr};  ///< newest first
 };

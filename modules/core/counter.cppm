@@ -64,6 +64,8 @@ class counter_surface {
   inline void set_error(std::uint64_t v) const noexcept { s()->set_error(v); }
 
   inline counter_type type() const noexcept { return s()->type; }
+  /// Stripes of a striped counter (counter_options::stripes), 1 for a plain counter.
+  inline std::uint32_t stripes() const noexcept { return s()->stripe_mask() + 1; }
   /// NUMA node whose memory holds this counter's slot.
   inline int numa_node() const noexcept { return s()->numa_node; }
   /// Index of the counter's slot in its device's pool (the C struct's `handle` field).

@@ -34,4 +34,11 @@ export namespace compcntr::detail {
 /// boolean helpers.
 [[gnu::format(printf, 3, 4)]] bool fail_into(std::error_code& ec, int err, const char* fmt, ...) noexcept;
 
+/// std::system_category(), looked up once: `ec.assign(0, system_category_cached())` is
+/// ec.clear() without a call into libstdc++ on hot success paths (counter creation).
+inline const std::error_category& system_category_cached() noexcept {
+  static const std::error_category& c = std::system_category();
+  return c;
+}
+
 }  // namespace compcntr::detail

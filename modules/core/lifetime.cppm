@@ -14,12 +14,14 @@
 //   live     --unref_counter_slot-->     live: refs - 1 (repeat) ... or, by the last one:
 //   live     --destroy_counter_slot-->   refs 1 -> 0 in one CAS, EBUSY (nothing changes) if any
 //                                        holder besides the owner exists
-//   refs 0   --(free path)-->            pins |= pins_dead; no reference can be taken any more
-//                                        (take_counter_ref sees 0); if no pin is held, finish
+//   refs 0   --(free path)-->            no reference can be taken any more (take_counter_ref
+//                                        sees 0); no pin held: finish (a load, no RMW: nobody
+//                                        can pin now); else pins |= pins_dead, and finish if the
+//                                        pins were dropped meanwhile
 //   pinned   --pin_slot / unpin_slot-->  pins +/- 1 (repeat; pin only while holding a live
 //                                        reference); the unpin that leaves pins == pins_dead
 //                                        finishes
-//   finish   backend unbind_counter, slot extension freed (its fd closed), generation g -> g+1,
+//   finish   stripes freed, backend unbind_counter, slot extension freed (its fd closed), g -> g+1,
 //            slot back to the pool (free), the counter's device reference dropped
 // Requirements: pin_slot only with a live reference in hand; every take/pin is undone once.
 // Guarantees: finish runs exactly once per counter, in whichever thread drops the last hold;
@@ -63,6 +65,8 @@ inline void reset_slot(slot& s) noexcept {
   s.backend_data = nullptr;
   s.ext.store(nullptr, std::memory_order_relaxed);
   s.type = counter_type::wrs;
+  s.stripes = nullptr;
+  s.stripe_mask_ = 0;
   s.refs.store(1, std::memory_order_release);
 }
 

@@ -112,10 +112,12 @@ class slot_pool {
   slot* allocate(int numa_node, std::error_code& ec) noexcept;
 
   /// Returns `s` to its node's free list (the generation bump before it is compcntr:lifetime's).
+  /// True if that was the last live slot and no hold is left (the owner may delete the pool
+  /// now; the pool touches nothing after the decrement).
   /// Memory ordering: a release CAS pushing the slot (publishes every write of the owner, the
-  /// generation bump included, to the next allocate() of the slot), then a release decrement of
-  /// the live count.
-  void release(slot& s) noexcept;
+  /// generation bump included, to the next allocate() of the slot), then an acq_rel decrement
+  /// of the live count.
+  bool release(slot& s) noexcept;
 
   /// The slot at `index` (live or not), or nullptr if no arena holds that index.
   /// Memory ordering: acquire load of the arena pointer.
@@ -130,7 +132,35 @@ class slot_pool {
   // the hot ones say `inline` so importers can inline them.)
   inline std::uint32_t capacity() const noexcept { return capacity_; }
   /// Slots live or being created (relaxed snapshot).
-  inline std::uint32_t live() const noexcept { return live_->load(std::memory_order_relaxed); }
+  inline std::uint32_t live() const noexcept {
+    return static_cast<std::uint32_t>(live_->load(std::memory_order_relaxed));
+  }
+
+  // The pool's live-slot count shares one word with a count of "holds" its owner keeps on it
+  // (high 32 bits: a device's handle and its objects other than counters), so the owner learns
+  // with the RMW that releases a slot whether nothing at all is left -- one locked instruction
+  // per create and per destroy for both the capacity and the owner's lifetime (P7).
+  /// One more hold. Memory ordering: relaxed (the caller already holds one or owns the pool).
+  inline void hold() noexcept { live_->fetch_add(hold_unit, std::memory_order_relaxed); }
+  /// Drops a hold; true if no hold and no live slot remain (the owner may delete the pool).
+  /// Memory ordering: acq_rel (the last one sees every write made under every hold and slot).
+  inline bool unhold() noexcept {
+    return live_->fetch_sub(hold_unit, std::memory_order_acq_rel) == hold_unit;
+  }
+  /// Drops the caller's hold if it is the only thing left (one hold, no live slot): true. Else
+  /// false and nothing changes; `holds` and `live` then say what remains. Memory ordering: as
+  /// unhold() on success.
+  inline bool unhold_if_last(std::uint32_t& holds, std::uint32_t& live_slots) noexcept {
+    std::uint64_t expected = hold_unit;
+    if (live_->compare_exchange_strong(expected, 0, std::memory_order_acq_rel, std::memory_order_acquire))
+      return true;
+    holds = static_cast<std::uint32_t>(expected >> 32);
+    live_slots = static_cast<std::uint32_t>(expected);
+    return false;
+  }
+  inline std::uint32_t holds() const noexcept {
+    return static_cast<std::uint32_t>(live_->load(std::memory_order_acquire) >> 32);
+  }
 
   /// Number of NUMA nodes, and the OS index of the i-th (0 <= i < numa_nodes(), ascending).
   inline int numa_nodes() const noexcept { return node_count_; }
@@ -198,7 +228,9 @@ class slot_pool {
   int os_to_dense_size_ = 0;
   std::unique_ptr<arena_entry[]> arenas_;         ///< arena_budget_ entries
   numa_topology* topo_ = nullptr;
-  cache_padded<std::atomic<std::uint32_t>> live_;  ///< slots live or being created
+  static constexpr std::uint64_t hold_unit = std::uint64_t{1} << 32;
+  /// holds << 32 | slots live or being created (see hold())
+  cache_padded<std::atomic<std::uint64_t>> live_;
   std::atomic<std::uint32_t> arenas_used_{0};      ///< written under grow_
   std::atomic<std::uint32_t> unbound_arenas_{0};
   mutable std::mutex grow_;                        ///< arena creation (and status()) only

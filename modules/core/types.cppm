@@ -59,6 +59,14 @@ struct counter_options {
   /// NUMA node (OS index, as numactl and /sys/devices/system/node number them) for the
   /// counter's slot; negative: the node local to the CPU the creating thread runs on.
   int numa_node = -1;
+  /// Striped counter (per-CPU stripes): 0 or 1: a plain counter (the default);
+  /// compcntr::stripes_per_cpu: one stripe per CPU the system is configured for (rounded up to a
+  /// power of two, at most 256); N: N stripes rounded up to a power of two (at most 256, else
+  /// EINVAL). See docs/counters.md, "Striped counters", for when to choose it.
+  std::uint32_t stripes = 0;
 };
+
+/// counter_options::stripes value: one stripe per CPU.
+inline constexpr std::uint32_t stripes_per_cpu = UINT32_MAX;
 
 }  // namespace compcntr

@@ -19,7 +19,8 @@
 // Memory ordering: success and io_error are acquire (the updater's earlier writes are visible).
 // No lost wake-up: a sleeper's seq_cst RMW on `watch` before its re-check pairs with the
 // updater's seq_cst RMW on the value before its load of `watch` (compcntr:slot). arm_fd is a
-// seq_cst RMW + fence: any later update signals the fd; the fd's readiness itself orders nothing.
+// seq_cst RMW + fence (with a threshold too: it then re-checks the condition): any later update
+// signals the fd (a threshold arm: any later update that meets it); readiness orders nothing.
 //
 // Example:
 //     std::thread t([&] { c.add(4); });
@@ -156,6 +157,8 @@ void free_slot_ext(slot& s) noexcept;
 int slot_fd(slot& s, std::error_code& ec) noexcept;
 /// compcntr::arm_fd on a slot.
 void arm_slot_fd(slot& s, std::error_code& ec) noexcept;
+/// compcntr::arm_fd with a threshold on a slot.
+void arm_slot_fd_threshold(slot& s, std::uint64_t threshold, std::error_code& ec) noexcept;
 
 }  // namespace compcntr::detail
 
@@ -234,5 +237,21 @@ int pollable_fd(counter_view c, std::error_code& ec) noexcept;
 /// Readiness means "look at the counter"; it may be spurious (a racing update), never missed.
 /// Memory ordering: seq_cst RMW + seq_cst fence (file comment).
 void arm_fd(counter_view c, std::error_code& ec) noexcept;
+
+/// Arms the counter's fd for a threshold (pollable_fd() first, else EINVAL): the fd becomes
+/// readable once the completion count is >= `threshold` (plain unsigned compare, as wait), or
+/// once the error count differs from its value at the arm -- not on the updates before that,
+/// which leave it armed. An epoll-driven progress engine wakes once per batch instead of once
+/// per completion. If the threshold is already reached (or an error raced with the arm), the
+/// arm itself makes the fd readable: arm, then epoll_wait, never misses. One-shot like arm_fd
+/// (the update that meets the condition disarms; re-arm to wait again); arming drains an
+/// earlier readiness; a later arm_fd or arm_fd(threshold) replaces the condition. Readiness may
+/// be spurious (a re-arm racing with an update), never missed; read the counter after it.
+/// Cost: nothing while not armed; while armed below the threshold every update of the counter
+/// takes the watcher path (a call re-reading watch, the armed condition and the values: ~55
+/// instructions, no RMW, no syscall). Arm from one
+/// thread at a time per counter. Memory ordering: as arm_fd (the condition is re-checked with
+/// seq_cst loads after the arming RMW and fence).
+void arm_fd(counter_view c, std::uint64_t threshold, std::error_code& ec) noexcept;
 
 }  // namespace compcntr

@@ -111,6 +111,9 @@ class cmd_comp_core {
   virtual bool probably_ready() const noexcept { return ready(); }
   /// Responses queued now (best effort for hardware-served ones).
   virtual std::size_t queued() const noexcept = 0;
+  /// True in a child process forked after this cmd_comp's server (the command engine thread)
+  /// started: nothing will ever answer it here. issue/try_get then fail with EOWNERDEAD.
+  virtual bool orphaned() const noexcept { return false; }
   /// Discards everything, closes the fd, releases the device; the memory is freed once the
   /// engine lets go of it. The object must not be used afterwards.
   virtual void destroy() noexcept = 0;

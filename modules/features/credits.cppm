@@ -1,7 +1,8 @@
 // compcntr:credits -- per-peer credit flow control over completion counters (MPI runtimes).
 //
 // Purpose: at most `credits_per_peer` operations in flight to each peer (receive buffers the
-// peer posted, send-queue slots, an RMA window). The tracker counts what was issued; the network
+// peer posted, send-queue slots, an RMA window); that window may differ per peer (create/adopt
+// with a span of windows; `credits_per_peer` below then means the peer's window). The tracker counts what was issued; the network
 // counts what came back into each peer's completion counter (attach it to the QP, or bind it to
 // a libfabric CQ bridge). The MPICH pattern as one object. Per peer: outstanding = issued -
 // (value + errors of its counter), modulo the counter's range; acquire(p, n) takes n credits in
@@ -55,6 +56,9 @@ struct credit_peer {
   std::atomic<std::uint32_t> release_lock{0};
   /// The peer's completion counter (owned by the tracker, or by whoever adopted it).
   counter_view c;
+  /// The peer's window: at most this many credits outstanding. Fixed at creation; on the
+  /// peer's own block, so the admission fast path loads nothing more than with one window.
+  std::uint64_t window = 0;
 };
 
 /// What one admission check found. Internal.
@@ -72,6 +76,11 @@ struct credit_check {
 /// (credit_tracker::create/adopt and the C layer). Defined in src/features/credits/credits.cpp.
 std::uint64_t check_credit_shape(const char* call, const device& dev, std::size_t npeers,
                                  std::uint64_t credits_per_peer, std::error_code& ec) noexcept;
+/// check_credit_shape for per-peer windows: every windows[i] in (0, a quarter of the range];
+/// the message names the first bad peer. npeers = windows.size().
+std::uint64_t check_credit_windows(const char* call, const device& dev,
+                                   std::span<const std::uint64_t> windows,
+                                   std::error_code& ec) noexcept;
 
 }  // namespace compcntr::detail
 
@@ -108,31 +117,48 @@ class credit_tracker {
   /// device's max_value + 1 is not a power of two), ENOMEM (no room for the counters).
   static credit_tracker create(device& dev, std::uint32_t npeers, std::uint64_t credits_per_peer,
                                std::error_code& ec) noexcept;
+  /// create() with a window per peer: peer i may have windows[i] credits outstanding (npeers =
+  /// windows.size(); e.g. the receive buffers each peer posted for this rank). Errors as
+  /// create(); EINVAL names the first peer whose window is 0 or above a quarter of the range.
+  static credit_tracker create(device& dev, std::span<const std::uint64_t> windows,
+                               std::error_code& ec) noexcept;
   /// A tracker over counters the caller owns (created by `dev`, WRS, alive as long as the
   /// tracker; peer i is counters[i]). issued starts at each counter's value + errors: what the
   /// counters counted before is not outstanding, so adopt quiescent counters. EINVAL also for
-  /// an empty list, a null or empty counter, a BYTES counter or more than 2^32 - 1 counters.
+  /// an empty list, a null or empty counter, a counter of another device, a BYTES counter, the
+  /// same counter for two peers (its completions would return both peers' credits) or more
+  /// than 2^32 - 1 counters.
   static credit_tracker adopt(const device& dev, std::span<const counter_view> counters,
                               std::uint64_t credits_per_peer, std::error_code& ec) noexcept;
   /// adopt() over pointers (a null pointer is EINVAL).
   static credit_tracker adopt(const device& dev, std::span<counter* const> counters,
                               std::uint64_t credits_per_peer, std::error_code& ec) noexcept;
+  /// adopt() with a window per peer (windows.size() == counters.size(), else EINVAL).
+  static credit_tracker adopt(const device& dev, std::span<const counter_view> counters,
+                              std::span<const std::uint64_t> windows, std::error_code& ec) noexcept;
+  static credit_tracker adopt(const device& dev, std::span<counter* const> counters,
+                              std::span<const std::uint64_t> windows, std::error_code& ec) noexcept;
 
   inline explicit operator bool() const noexcept { return npeers_ != 0; }
   inline std::uint32_t peers() const noexcept { return npeers_; }
+  /// The largest window of any peer (every peer's, for a tracker made with one credits_per_peer).
   inline std::uint64_t credits_per_peer() const noexcept { return credits_; }
+  /// The window of `peer`: at most this many of its credits are outstanding. Precondition:
+  /// peer < peers().
+  inline std::uint64_t window(std::uint32_t peer) const noexcept { return peers_[peer]->window; }
 
   /// Takes `n` credits of `peer`: std::errc{} at once if outstanding + n <= credits_per_peer,
   /// else waits for completions (options as compcntr::wait). timed_out when `timeout` passes
   /// (timeout 0: check once, after one progress call if a hook is set; < 0: forever);
   /// io_error when the peer's error count changes during the call without admitting it;
   /// value_too_large when the peer's counts are inconsistent; invalid_argument for peer >=
-  /// peers(), n == 0 or n > credits_per_peer(). Only success takes credits.
+  /// peers(), n == 0 or n > window(peer). Only success takes credits.
   inline std::errc acquire(std::uint32_t peer, std::uint64_t n, std::chrono::milliseconds timeout,
                            const wait_options& opts = {}) noexcept {
-    // n - 1 >= credits_ catches n == 0 (wraps to UINT64_MAX) and n > credits_ in one compare.
-    if (peer >= npeers_ || n - 1 >= credits_) [[unlikely]] return bad_request("acquire", peer, n);
+    if (peer >= npeers_) [[unlikely]] return bad_request("acquire", peer, n);
     detail::credit_peer& p = *peers_[peer];
+    // n - 1 >= window catches n == 0 (wraps to UINT64_MAX) and n > window in one compare.
+    if (n - 1 >= p.window) [[unlikely]] return bad_request("acquire", peer, n);
     const detail::credit_check r = try_take(p, n);
     if (r.result == detail::credit_check::taken) [[likely]] return std::errc{};
     return acquire_slow(peer, n, r, timeout.count(), opts);
@@ -144,7 +170,7 @@ class credit_tracker {
 
   /// Gives back `n` credits of `peer` whose operations will never complete into its counter,
   /// by adding n to the counter (a software completion: it wakes waiting acquirers).
-  /// invalid_argument (and nothing changes) for n > outstanding, n == 0, n > credits_per_peer
+  /// invalid_argument (and nothing changes) for n > outstanding, n == 0, n > window(peer)
   /// or peer >= peers(); value_too_large for inconsistent counts.
   std::errc release(std::uint32_t peer, std::uint64_t n) noexcept;
 
@@ -166,7 +192,7 @@ class credit_tracker {
     const counter_view c = peers_[peer]->c;
     return (c.value() + c.errors()) & mask_;
   }
-  /// issued - completed modulo the counter's range: <= credits_per_peer() while the counts are
+  /// issued - completed modulo the counter's range: <= window(peer) while the counts are
   /// consistent, above half the range when they are not. Precondition: peer < peers().
   inline std::uint64_t outstanding(std::uint32_t peer) const noexcept {
     const counter_view c = peers_[peer]->c;
@@ -187,14 +213,17 @@ class credit_tracker {
     for (;;) {
       const std::uint64_t out = (i - v - e) & mask_;
       if (out > (mask_ >> 1)) [[unlikely]] return {detail::credit_check::inconsistent, v, e, out};
-      // out <= mask/2 and n <= mask/4: no overflow.
-      if (out + n > credits_) return {detail::credit_check::short_of_credits, v, e, out};
+      // out <= mask/2 and n <= (mask + 1)/4: no overflow.
+      if (out + n > p.window) return {detail::credit_check::short_of_credits, v, e, out};
       if (p.issued.compare_exchange_weak(i, i + n, std::memory_order_relaxed,
                                          std::memory_order_relaxed))
         return {detail::credit_check::taken, v, e, out + n};
     }
   }
 
+  static credit_tracker make(device& dev, std::uint32_t npeers, const std::uint64_t* windows,
+                             std::uint64_t credits, std::uint64_t mask,
+                             std::error_code& ec) noexcept;
   std::errc bad_request(const char* call, std::uint32_t peer, std::uint64_t n) const noexcept;
   std::errc acquire_slow(std::uint32_t peer, std::uint64_t n, detail::credit_check first,
                          std::int64_t timeout_ms, const wait_options& opts) noexcept;
@@ -202,7 +231,7 @@ class credit_tracker {
   std::unique_ptr<cache_padded<detail::credit_peer>[]> peers_;
   std::unique_ptr<counter[]> owned_;  ///< the counters create() made; null after adopt()
   std::uint32_t npeers_ = 0;
-  std::uint64_t credits_ = 0;
+  std::uint64_t credits_ = 0;  ///< the largest window
   std::uint64_t mask_ = 0;  ///< the counters' max_value (2^k - 1): the modulus of every count
 };
 

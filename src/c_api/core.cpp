@@ -2,7 +2,9 @@
 // mapping over `import compcntr;`. Other call families live beside this file, one per file.
 #include <compcntr/compcntr.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -17,11 +19,87 @@ import compcntr;
 
 using namespace compcntr::c_api;
 
+namespace compcntr::c_api {
+
+// The slot layout the inline fast paths of <compcntr/compcntr.h> rely on (their ABI).
+using compcntr::detail::slot;
+static_assert(offsetof(slot, value) == offsetof(compcntr_comp_cntr_slot_, value) &&
+              offsetof(slot, errors) == offsetof(compcntr_comp_cntr_slot_, errors) &&
+              offsetof(slot, stripes) == offsetof(compcntr_comp_cntr_slot_, stripes) &&
+              offsetof(slot, watch) == offsetof(compcntr_comp_cntr_slot_, watch) &&
+              offsetof(slot, hw) == offsetof(compcntr_comp_cntr_slot_, hw),
+              "struct compcntr_comp_cntr_slot_ (compcntr.h) must match compcntr::detail::slot");
+static_assert(sizeof(std::atomic<std::uint64_t>) == 8 && sizeof(std::atomic<std::uint32_t>) == 4);
+static_assert(sizeof(c_counter) <= sizeof(slot::c_api) && alignof(c_counter) <= 8,
+              "a C counter fits in its slot's spare bytes");
+
+c_counter* make_c_counter(compcntr_device* dev, compcntr::counter&& cxx) noexcept {
+  const std::uint32_t handle = cxx.index();
+  void* where;
+  if constexpr (c_counters_on_heap) {
+    where = ::operator new(sizeof(c_counter), std::nothrow);
+    if (!where) return nullptr;  // `cxx` destroys the counter
+  } else {
+    where = cxx.native_slot()->c_api;
+  }
+  return new (where) c_counter{dev, handle, 0, std::move(cxx)};
+}
+
+namespace {
+// Owner names (static strings, compared by address) get a small code so the owner fits the
+// public struct's 32-bit reserved_ word. Append-only, lock-free: a name claims the first empty
+// entry with a CAS. 15 names: the library itself has one owner kind (the fi_cntr adapter).
+constexpr std::size_t max_owner_names = 15;
+std::atomic<const char*> owner_names[max_owner_names + 1];  // entry 0 unused: "no owner"
+
+std::uint32_t owner_code(const char* name) noexcept {
+  for (std::uint32_t i = 1; i <= max_owner_names; ++i) {
+    const char* cur = owner_names[i].load(std::memory_order_acquire);
+    if (cur == nullptr &&
+        owner_names[i].compare_exchange_strong(cur, name, std::memory_order_acq_rel))
+      return i;
+    if (cur == name) return i;
+  }
+  return 0;
+}
+
+const char* owner_name(std::uint32_t code) noexcept {
+  const char* n = code <= max_owner_names ? owner_names[code].load(std::memory_order_acquire)
+                                          : nullptr;
+  return n != nullptr ? n : "another object";
+}
+}  // namespace
+
+// Neither path runs ~c_counter: its compcntr::counter must not touch a slot that is gone (in
+// the slot mode the object itself lives in that slot). The storage is simply released.
+int destroy_c_counter(c_counter* c) noexcept {
+  if (const std::error_code e = compcntr::detail::destroy_counter_slot(*c->cxx.native_slot()))
+    return e.value();  // EBUSY: the counter stays usable
+  if constexpr (c_counters_on_heap) ::operator delete(c);
+  return 0;
+}
+
+void drop_c_counter(c_counter* c) noexcept {
+  compcntr::detail::unref_counter_slot(*c->cxx.native_slot());
+  if constexpr (c_counters_on_heap) ::operator delete(c);
+}
+
+}  // namespace compcntr::c_api
+
 extern "C" {
+
+const char* compcntr_version(void) { return compcntr::version().data(); }
 
 const char* compcntr_last_error_message(void) { return compcntr::last_error_message().data(); }
 
 struct compcntr_device* compcntr_open_device(const char* name) {
+  // compcntr.h: NULL or "auto", "soft", else a verbs device name. No device is named "" (the
+  // C++ device::open reads an empty name as "auto"; the C API keeps to its header).
+  if (name && *name == '\0')
+    return fail_null<compcntr_device>(compcntr::detail::fail(
+        ENODEV, "open_device: the device name is empty, and no device has that name (NULL or "
+                "\"auto\": a native device if one works, else the software device; \"soft\": the "
+                "software device)"));
   std::error_code ec;
   compcntr::device dev = compcntr::device::open(name ? name : "auto", ec);
   if (ec) return fail_null<compcntr_device>(ec);
@@ -72,10 +150,11 @@ struct compcntr_comp_cntr* compcntr_create_comp_cntr(struct compcntr_device* dev
   using compcntr::detail::fail;
   if (!dev) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "create_comp_cntr: dev is NULL"));
   if (!attr) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "create_comp_cntr: attr is NULL"));
-  if (attr->comp_mask & ~std::uint32_t{COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE})
+  constexpr std::uint32_t known_mask =
+      COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE | COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
+  if (attr->comp_mask & ~known_mask)
     return fail_null<compcntr_comp_cntr>(
-        fail(EINVAL, "create_comp_cntr: unknown comp_mask bit(s) 0x%x",
-             attr->comp_mask & ~std::uint32_t{COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE}));
+        fail(EINVAL, "create_comp_cntr: unknown comp_mask bit(s) 0x%x", attr->comp_mask & ~known_mask));
   if (attr->flags != 0)
     return fail_null<compcntr_comp_cntr>(
         fail(EINVAL, "create_comp_cntr: flags must be 0 (got 0x%x)", attr->flags));
@@ -91,25 +170,42 @@ struct compcntr_comp_cntr* compcntr_create_comp_cntr(struct compcntr_device* dev
           fail(EINVAL, "create_comp_cntr: NUMA node %d does not exist", attr->numa_node));
     opts.numa_node = attr->numa_node;
   }
-  auto* c = new (std::nothrow) c_counter{};
-  if (!c) return fail_null<compcntr_comp_cntr>(fail(ENOMEM, "create_comp_cntr: out of memory"));
+  if (attr->comp_mask & COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES) opts.stripes = attr->stripes;
   std::error_code ec;
-  c->cxx = dev->dev.create_counter(opts, ec);
-  if (ec) {
-    delete c;
-    return fail_null<compcntr_comp_cntr>(ec);
-  }
-  c->pub.context = dev;
-  c->pub.handle = c->cxx.index();
-  return &c->pub;
+  compcntr::counter cxx = dev->dev.create_counter(opts, ec);
+  if (ec) return fail_null<compcntr_comp_cntr>(ec);
+  c_counter* c = make_c_counter(dev, std::move(cxx));
+  if (!c) return fail_null<compcntr_comp_cntr>(fail(ENOMEM, "create_comp_cntr: out of memory"));
+  return pub(c);
 }
 
 int compcntr_destroy_comp_cntr(struct compcntr_comp_cntr* cc) {
   if (!cc) return null_arg("destroy_comp_cntr", "cc");
-  std::error_code ec;
-  impl(cc)->cxx.destroy(ec);
-  if (ec) return ec.value();
-  delete impl(cc);
+  // Acquire: pairs with set_owner's release (an owner set before this call is seen).
+  if (const std::uint32_t owner = impl(cc)->owner.load(std::memory_order_acquire))
+    return compcntr::detail::fail(EBUSY, "destroy_comp_cntr: counter %u is owned by %s; it stays "
+                                  "usable", cc->handle, owner_name(owner)).value();
+  return destroy_c_counter(impl(cc));
+}
+
+void compcntr_priv_notify_slow(struct compcntr_comp_cntr* cc) {
+  if (cc) impl(cc)->cxx.native_slot()->notify_slow();
+}
+
+int compcntr_comp_cntr_set_owner(struct compcntr_comp_cntr* cc, const char* owner) {
+  if (!cc) return null_arg("comp_cntr_set_owner", "cc");
+  if (owner == nullptr) {
+    impl(cc)->owner.store(0, std::memory_order_release);
+    return 0;
+  }
+  const std::uint32_t code = owner_code(owner);
+  if (code == 0)
+    return compcntr::detail::fail(ENOMEM, "comp_cntr_set_owner: more than %zu distinct owner "
+                                  "names in this process", max_owner_names).value();
+  std::uint32_t none = 0;
+  if (!impl(cc)->owner.compare_exchange_strong(none, code, std::memory_order_acq_rel))
+    return compcntr::detail::fail(EBUSY, "comp_cntr_set_owner: counter %u is already owned by %s",
+                                  cc->handle, owner_name(none)).value();
   return 0;
 }
 

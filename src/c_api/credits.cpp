@@ -1,7 +1,8 @@
 // The C API of credit tracking (include/compcntr/credits.h) over compcntr::credit_tracker.
 //
 // Ownership: the tracker creates one real C counter (c_counter, as compcntr_create_comp_cntr
-// makes) per peer and owns it; compcntr_credits_counter hands out its public struct. The
+// makes: make_c_counter) per peer and owns it; compcntr_credits_counter hands out its public struct. An adopted
+// tracker (compcntr_credits_adopt) holds the caller's counters the same way but never frees them. The
 // C++ tracker adopts the counters (it reads and waits on them, release adds to them). To keep
 // compcntr_destroy_comp_cntr on such a pointer from freeing a counter the tracker still uses,
 // the tracker also holds a counter_ref on each: destroy then sees a reference besides the
@@ -28,17 +29,16 @@ using compcntr::detail::fail;
 struct compcntr_credits {
   compcntr::credit_tracker cxx;  // emptied first by the destructor: it stops using the counters
   std::uint32_t npeers = 0;
-  std::unique_ptr<c_counter*[]> counters;        // owned, one per peer
+  std::unique_ptr<c_counter*[]> counters;        // one per peer; owned unless adopted
   std::unique_ptr<compcntr::counter_ref[]> pins;  // keep destroy_comp_cntr EBUSY
+  bool owns = true;                               // false: adopted, the caller's counters
 
   ~compcntr_credits() {
     cxx = compcntr::credit_tracker{};  // stops using the counters first
     for (std::uint32_t i = 0; i < npeers; ++i) {
       if (pins) pins[i].reset();
-      if (counters && counters[i]) {
-        counters[i]->cxx.reset();  // attached to a live QP: the slot lives on with the QP
-        delete counters[i];
-      }
+      if (owns && counters && counters[i])
+        drop_c_counter(counters[i]);  // attached to a live QP: the slot lives on with the QP
     }
   }
 };
@@ -67,18 +67,18 @@ int peer_range(const char* call, const compcntr_credits* cr, std::uint32_t peer)
   return fail(EINVAL, "%s: peer %u out of range (%u peers)", call, peer, cr->npeers).value();
 }
 
-}  // namespace
 
-extern "C" {
-
-struct compcntr_credits* compcntr_credits_create(struct compcntr_device* dev, uint32_t npeers,
-                                                 uint64_t credits_per_peer) {
-  if (!dev) return fail_null<compcntr_credits>(fail(EINVAL, "credits_create: dev is NULL"));
+// create and create_per_peer: windows == nullptr means credits_per_peer for every peer.
+compcntr_credits* create_impl(compcntr_device* dev, std::uint32_t npeers,
+                              std::uint64_t credits_per_peer, const std::uint64_t* windows) {
   std::unique_ptr<compcntr_credits> cr(new (std::nothrow) compcntr_credits{});
   if (!cr) return fail_null<compcntr_credits>(fail(ENOMEM, "credits_create: out of memory"));
   std::error_code ec;
-  if (compcntr::detail::check_credit_shape("credits_create", dev->dev, npeers, credits_per_peer,
-                                           ec) == 0)
+  if ((windows == nullptr
+           ? compcntr::detail::check_credit_shape("credits_create", dev->dev, npeers,
+                                                  credits_per_peer, ec)
+           : compcntr::detail::check_credit_windows("credits_create", dev->dev, {windows, npeers},
+                                                    ec)) == 0)
     return fail_null<compcntr_credits>(ec);
   const compcntr::counter_caps caps = dev->dev.caps();
   const std::uint32_t room =
@@ -100,20 +100,111 @@ struct compcntr_credits* compcntr_credits_create(struct compcntr_device* dev, ui
     return fail_null<compcntr_credits>(e);
   };
   for (std::uint32_t i = 0; i < npeers; ++i) {
-    auto* c = new (std::nothrow) c_counter{};
+    compcntr::counter cxx_counter = dev->dev.create_counter(compcntr::counter_type::wrs, ec);
+    if (ec) return undo(ec);
+    c_counter* c = make_c_counter(dev, std::move(cxx_counter));
     if (!c) return undo(fail(ENOMEM, "credits_create: out of memory"));
     cr->counters[i] = c;
-    c->cxx = dev->dev.create_counter(compcntr::counter_type::wrs, ec);
-    if (ec) return undo(ec);
-    c->pub.context = dev;
-    c->pub.handle = c->cxx.index();
     cr->pins[i] = dev->dev.resolve(c->cxx.id(), ec);
     if (ec) return undo(ec);
     cxx[i] = &c->cxx;
   }
-  cr->cxx = compcntr::credit_tracker::adopt(dev->dev, {cxx.get(), npeers}, credits_per_peer, ec);
+  if (windows == nullptr)
+    cr->cxx = compcntr::credit_tracker::adopt(dev->dev, {cxx.get(), npeers}, credits_per_peer, ec);
+  else
+    cr->cxx = compcntr::credit_tracker::adopt(dev->dev, {cxx.get(), npeers}, {windows, npeers}, ec);
   if (ec) return undo(ec);
   return cr.release();
+}
+
+// One of issued/completed/window for peer.
+template <class F>
+int peer_count(const char* call, compcntr_credits* cr, std::uint32_t peer, std::uint64_t* out,
+               const char* what, F get) noexcept {
+  if (!cr) return bad_cr(call);
+  if (!out) return null_arg(call, what);
+  if (peer >= cr->npeers) return peer_range(call, cr, peer);
+  *out = get(cr->cxx, peer);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+struct compcntr_credits* compcntr_credits_create(struct compcntr_device* dev, uint32_t npeers,
+                                                 uint64_t credits_per_peer) {
+  if (!dev) return fail_null<compcntr_credits>(fail(EINVAL, "credits_create: dev is NULL"));
+  return create_impl(dev, npeers, credits_per_peer, nullptr);
+}
+
+struct compcntr_credits* compcntr_credits_create_per_peer(struct compcntr_device* dev,
+                                                          uint32_t npeers,
+                                                          const uint64_t* windows) {
+  if (!dev) return fail_null<compcntr_credits>(fail(EINVAL, "credits_create_per_peer: dev is NULL"));
+  if (!windows)
+    return fail_null<compcntr_credits>(fail(EINVAL, "credits_create_per_peer: windows is NULL"));
+  return create_impl(dev, npeers, 0, windows);
+}
+
+struct compcntr_credits* compcntr_credits_adopt(struct compcntr_device* dev,
+                                                struct compcntr_comp_cntr* const* ccs,
+                                                uint32_t npeers, const uint64_t* windows) {
+  if (!dev) return fail_null<compcntr_credits>(fail(EINVAL, "credits_adopt: dev is NULL"));
+  if (!ccs) return fail_null<compcntr_credits>(fail(EINVAL, "credits_adopt: ccs is NULL"));
+  if (!windows) return fail_null<compcntr_credits>(fail(EINVAL, "credits_adopt: windows is NULL"));
+  std::error_code ec;
+  if (compcntr::detail::check_credit_windows("credits_adopt", dev->dev, {windows, npeers}, ec) == 0)
+    return fail_null<compcntr_credits>(ec);
+  for (std::uint32_t i = 0; i < npeers; ++i) {
+    if (!ccs[i])
+      return fail_null<compcntr_credits>(fail(EINVAL, "credits_adopt: ccs[%u] is NULL", i));
+    if (ccs[i]->context != dev)
+      return fail_null<compcntr_credits>(
+          fail(EINVAL, "credits_adopt: ccs[%u] belongs to another device", i));
+  }
+  std::unique_ptr<compcntr_credits> cr(new (std::nothrow) compcntr_credits{});
+  if (!cr) return fail_null<compcntr_credits>(fail(ENOMEM, "credits_adopt: out of memory"));
+  cr->owns = false;
+  cr->counters.reset(new (std::nothrow) c_counter*[npeers]());
+  cr->pins.reset(new (std::nothrow) compcntr::counter_ref[npeers]);
+  std::unique_ptr<compcntr::counter*[]> cxx(new (std::nothrow) compcntr::counter*[npeers]);
+  if (!cr->counters || !cr->pins || !cxx)
+    return fail_null<compcntr_credits>(
+        fail(ENOMEM, "credits_adopt: out of memory for %u peers", npeers));
+  cr->npeers = npeers;
+  auto undo = [&](std::error_code e) {
+    cr.reset();  // drops the references taken so far; the counters stay the caller's
+    return fail_null<compcntr_credits>(e);
+  };
+  for (std::uint32_t i = 0; i < npeers; ++i) {
+    c_counter* c = impl(ccs[i]);
+    cr->counters[i] = c;
+    cxx[i] = &c->cxx;
+  }
+  // Type checks (BYTES) before any reference is taken: a refused adopt holds nothing.
+  cr->cxx = compcntr::credit_tracker::adopt(dev->dev, {cxx.get(), npeers}, {windows, npeers}, ec);
+  if (ec) return undo(ec);
+  for (std::uint32_t i = 0; i < npeers; ++i) {
+    cr->pins[i] = dev->dev.resolve(cr->counters[i]->cxx.id(), ec);
+    if (ec) return undo(ec);
+  }
+  return cr.release();
+}
+
+int compcntr_credits_issued(struct compcntr_credits* cr, uint32_t peer, uint64_t* issued) {
+  return peer_count("credits_issued", cr, peer, issued, "issued",
+                    [](const compcntr::credit_tracker& t, std::uint32_t p) { return t.issued(p); });
+}
+
+int compcntr_credits_completed(struct compcntr_credits* cr, uint32_t peer, uint64_t* completed) {
+  return peer_count("credits_completed", cr, peer, completed, "completed",
+                    [](const compcntr::credit_tracker& t, std::uint32_t p) { return t.completed(p); });
+}
+
+int compcntr_credits_window(struct compcntr_credits* cr, uint32_t peer, uint64_t* window) {
+  return peer_count("credits_window", cr, peer, window, "window",
+                    [](const compcntr::credit_tracker& t, std::uint32_t p) { return t.window(p); });
 }
 
 int compcntr_credits_acquire(struct compcntr_credits* cr, uint32_t peer, uint64_t n,
@@ -152,7 +243,7 @@ struct compcntr_comp_cntr* compcntr_credits_counter(struct compcntr_credits* cr,
   if (peer >= cr->npeers)
     return fail_null<compcntr_comp_cntr>(std::error_code(peer_range("credits_counter", cr, peer),
                                                          std::generic_category()));
-  return &cr->counters[peer]->pub;
+  return pub(cr->counters[peer]);
 }
 
 int compcntr_credits_destroy(struct compcntr_credits* cr) {

@@ -3,8 +3,10 @@
 #ifndef COMPCNTR_SRC_C_API_INTERNAL_HPP
 #define COMPCNTR_SRC_C_API_INTERNAL_HPP
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <system_error>
@@ -17,16 +19,59 @@ struct compcntr_device {
 
 namespace compcntr::c_api {
 
-// A C counter: the public verbs-shaped struct first (so the two pointers convert), then the
-// C++ owner of the slot. Heap-allocated, so a use after destroy is a heap-use-after-free that
-// AddressSanitizer reports.
+// A C counter: the public struct compcntr_comp_cntr {context, handle, reserved_, slot_}, with
+// the C++ owner of the slot where the header has `slot_` (a compcntr::counter is exactly one
+// slot pointer), so the inline fast paths of <compcntr/compcntr.h> read the slot pointer the C++
+// owner holds. Where it lives (make_c_counter):
+//   * normally in the spare bytes of its own slot (slot::c_api, on line 1, the line every update
+//     reads anyway): a C counter costs 128 bytes, as a C++ one. A use after destroy then touches
+//     a free (or reused) pool slot, which nothing can detect;
+//   * in AddressSanitizer builds of the library on the heap, so a use after destroy is a
+//     heap-use-after-free ASan reports (tests/c_api/c_fast_path_test.cpp checks that it does).
+// The inline fast paths follow `slot_` either way, so user code compiled with or without ASan
+// works with either library build.
 struct c_counter {
-  compcntr_comp_cntr pub;
+  compcntr_device* context;
+  std::uint32_t handle;
+  /// The public struct's reserved_ word: the code of the object that owns the counter
+  /// (compcntr_comp_cntr_set_owner: a libfabric adapter fid_cntr), 0 when none. While set,
+  /// destroy is EBUSY and names the owner (owner_name()). The inline fast paths never read it.
+  std::atomic<std::uint32_t> owner{0};
   compcntr::counter cxx;
 };
-static_assert(std::is_standard_layout_v<c_counter>);
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+static_assert(std::is_standard_layout_v<c_counter> && std::is_standard_layout_v<compcntr::counter>);
+static_assert(sizeof(c_counter) == sizeof(compcntr_comp_cntr) &&
+              offsetof(c_counter, context) == offsetof(compcntr_comp_cntr, context) &&
+              offsetof(c_counter, handle) == offsetof(compcntr_comp_cntr, handle) &&
+              offsetof(c_counter, owner) == offsetof(compcntr_comp_cntr, reserved_) &&
+              offsetof(c_counter, cxx) == offsetof(compcntr_comp_cntr, slot_) &&
+              sizeof(compcntr::counter) == sizeof(compcntr_comp_cntr::slot_),
+              "c_counter must have the layout of struct compcntr_comp_cntr");
 
 inline c_counter* impl(compcntr_comp_cntr* cc) noexcept { return reinterpret_cast<c_counter*>(cc); }
+inline compcntr_comp_cntr* pub(c_counter* c) noexcept { return reinterpret_cast<compcntr_comp_cntr*>(c); }
+
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool c_counters_on_heap = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool c_counters_on_heap = true;
+#else
+inline constexpr bool c_counters_on_heap = false;
+#endif
+#else
+inline constexpr bool c_counters_on_heap = false;
+#endif
+
+/// The C counter owning `c` (a live counter of `dev`), or nullptr (ENOMEM: heap mode only; `c`
+/// is then destroyed).
+c_counter* make_c_counter(compcntr_device* dev, compcntr::counter&& c) noexcept;
+/// The checked destroy (compcntr_destroy_comp_cntr): EBUSY and nothing changes while anyone
+/// besides the owner holds the counter; else the counter and its C object are gone.
+int destroy_c_counter(c_counter* c) noexcept;
+/// The RAII drop: the owner's reference goes; a counter still attached lives on with its QP.
+void drop_c_counter(c_counter* c) noexcept;
 
 }  // namespace compcntr::c_api
 

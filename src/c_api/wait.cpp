@@ -54,6 +54,16 @@ int compcntr_wait_comp_cntr_ex(struct compcntr_comp_cntr* cc, uint64_t threshold
   return wait_impl("wait_comp_cntr_ex", cc, threshold, timeout_ms, attr);
 }
 
+int compcntr_wait_comp_cntr_since(struct compcntr_comp_cntr* cc, uint64_t threshold,
+                                  uint64_t errors_seen, int timeout_ms,
+                                  const struct compcntr_wait_attr* attr) {
+  if (!cc) return null_arg("wait_comp_cntr_since", "cc");
+  compcntr::wait_options o;
+  if (const int err = wait_attr_options("wait_comp_cntr_since", attr, o)) return err;
+  return static_cast<int>(compcntr::wait_since(impl(cc)->cxx, threshold, errors_seen,
+                                               std::chrono::milliseconds(timeout_ms), o));
+}
+
 int compcntr_poll_comp_cntrs(struct compcntr_comp_cntr* const* ccs, const uint64_t* thresholds,
                              size_t n, int timeout_ms, size_t* which) {
   return poll_impl("poll_comp_cntrs", ccs, thresholds, n, timeout_ms, which, nullptr);
@@ -79,6 +89,13 @@ int compcntr_comp_cntr_arm_fd(struct compcntr_comp_cntr* cc) {
   if (!cc) return null_arg("comp_cntr_arm_fd", "cc");
   std::error_code ec;
   compcntr::arm_fd(impl(cc)->cxx, ec);
+  return ec.value();
+}
+
+int compcntr_comp_cntr_arm_fd_threshold(struct compcntr_comp_cntr* cc, uint64_t threshold) {
+  if (!cc) return null_arg("comp_cntr_arm_fd_threshold", "cc");
+  std::error_code ec;
+  compcntr::arm_fd(impl(cc)->cxx, threshold, ec);
   return ec.value();
 }
 

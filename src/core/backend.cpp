@@ -43,16 +43,24 @@ std::unique_ptr<backend> open_backend(std::string_view name, std::error_code& ec
 
 std::error_code max_counters_from_env(std::uint32_t& out) noexcept {
   const char* env = std::getenv("COMPCNTR_MAX_COUNTERS");
-  if (env == nullptr || *env == '\0') {
+  if (env == nullptr) {
     out = default_max_counters;
     return {};
   }
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long v = std::strtoull(env, &end, 0);
-  if (errno != 0 || *end != '\0' || env[0] == '-' || v == 0 || v > slot_pool::max_capacity)
-    return fail(EINVAL, "open_device: COMPCNTR_MAX_COUNTERS='%s' is not a number in 1..%u", env,
-                slot_pool::max_capacity);
+  // A decimal count and nothing else (issue 15, defect 4): no sign, no blanks, no base prefix
+  // (strtoull with base 0 read "010000" as octal and "0x10" as hex), no empty string (it used to
+  // mean the default). Leading zeros are decimal.
+  std::uint64_t v = 0;
+  bool ok = *env != '\0';
+  for (const char* p = env; ok && *p; ++p) {
+    ok = *p >= '0' && *p <= '9';
+    if (ok) v = v * 10 + static_cast<std::uint64_t>(*p - '0');
+    ok = ok && v <= slot_pool::max_capacity;  // also stops before v * 10 could overflow
+  }
+  if (!ok || v == 0)
+    return fail(EINVAL, "open_device: COMPCNTR_MAX_COUNTERS='%s' is not a decimal count in 1..%u "
+                "(digits only; unset it for the default %u)", env, slot_pool::max_capacity,
+                default_max_counters);
   out = static_cast<std::uint32_t>(v);
   return {};
 }

@@ -15,11 +15,11 @@ namespace compcntr {
 namespace detail {
 
 std::error_code device_core::close() noexcept {
-  std::uint32_t expected = 1;
-  if (!refs_.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
-                                     std::memory_order_acquire))
-    return fail(EBUSY, "close_device: device '%.*s' still has %u live object(s)",
-                static_cast<int>(be().name().size()), be().name().data(), expected - 1);
+  std::uint32_t holds = 0, counters = 0;
+  if (!pool_.unhold_if_last(holds, counters))
+    return fail(EBUSY, "close_device: device '%.*s' still has %u live object(s) (%u counter(s))",
+                static_cast<int>(be().name().size()), be().name().data(), holds - 1 + counters,
+                counters);
   delete this;
   return {};
 }
@@ -72,6 +72,15 @@ device device::from_backend(std::unique_ptr<detail::backend> be, std::error_code
     detail::fail_into(ec, ENOMEM, "open_device: out of memory");
     return {};
   }
+  // The pool's tables are allocated in its constructor; without them its capacity is 0 and
+  // every create would be ENOMEM ("0 counters live") for good (issue 15, defect 2): the open
+  // fails instead. max_counters >= 1 here, so capacity 0 means exactly that failure.
+  if (core->pool().capacity() == 0) {
+    std::error_code ignored = core->close();  // refs 1 -> 0: frees it
+    (void)ignored;
+    detail::fail_into(ec, ENOMEM, "open_device: out of memory for the counter pool's tables");
+    return {};
+  }
   ec.clear();
   return device(core);
 }
@@ -88,8 +97,16 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
                       static_cast<unsigned>(opts.type));
     return {};
   }
-  if (auto e = core_->be().check_type(opts.type)) {
-    ec = e;
+  if (!core_->type_ok(opts.type)) [[unlikely]] {
+    ec = core_->be().check_type(opts.type);
+    if (!ec) ec = detail::fail(ENOTSUP, "create_comp_cntr: counter type %u not supported by the device",
+                               static_cast<unsigned>(opts.type));
+    return {};
+  }
+  const std::uint32_t stripes = detail::stripe_count(opts.stripes);
+  if (stripes == 0) {
+    detail::fail_into(ec, EINVAL, "create_comp_cntr: %u stripes requested, at most %u",
+                      opts.stripes, detail::max_stripes);
     return {};
   }
   // The pool validates the node (EINVAL) and the capacity (ENOMEM), changing nothing on failure.
@@ -97,18 +114,25 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
   if (!s) return {};
   s->owner = core_;
   s->type = opts.type;
-  // The device reference first: from here on the slot is a counter like any other, and a
-  // failed bind gives it back the way a destroyed counter goes (last reference drops it). It
-  // must not go straight back to the pool: a resolver holding a stale id of the slot's
-  // previous counter may have taken a reference since the pool handed it out (its CAS sees
-  // refs == 1), and that reference must be dropped on this slot, not on the slot's next owner.
-  core_->retain();
+  // The slot is a live counter now, holding the device through the pool's live count (no
+  // reference of its own: device_core::retain). A failed bind gives it back the way a destroyed
+  // counter goes (last reference drops it). It must not go straight back to the pool: a
+  // resolver holding a stale id of the slot's previous counter may have taken a reference
+  // since the pool handed it out (its CAS sees refs == 1), and that reference must be dropped
+  // on this slot, not on the slot's next owner.
   if (auto e = core_->be().bind_counter(*s)) {
     detail::unref_counter_slot(*s);  // unbind_counter tolerates a slot that was never bound
     ec = e;
     return {};
   }
-  ec.clear();
+  if (stripes > 1) [[unlikely]] {
+    if (auto e = detail::make_striped(*s, stripes)) {
+      detail::unref_counter_slot(*s);  // unbinds; free_stripes has nothing to free
+      ec = e;
+      return {};
+    }
+  }
+  ec.assign(0, detail::system_category_cached());  // ec.clear() without the library call
   return counter(s);
 }
 

@@ -12,17 +12,18 @@ namespace compcntr::detail {
 
 namespace {
 // finish: unbinds the slot from its backend, frees its extension block, bumps the generation,
-// returns the slot to the pool and drops the device reference the counter held. Runs exactly
+// returns the slot to the pool, which drops the device reference the counter held (the pool's
+// live count is part of the device's reference count: device_core::retain). Runs exactly
 // once per counter, in whichever thread drops the last hold.
 void finish_counter_slot(slot& s) noexcept {
   device_core* dev = s.owner;
+  if (s.striped()) free_stripes(s);  // hw back to nullptr, as the backend bound it
   dev->be().unbind_counter(s);
   free_slot_ext(s);  // the counter's fd and poll registrations block (compcntr:wait)
   // The finishing thread is the slot's only writer now (refs is 0): a plain load + store, not a
   // locked RMW. Concurrent resolvers only read it; the pool's release push publishes it.
   s.generation.store(s.generation.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  dev->pool().release(s);
-  dev->release();
+  dev->release_counter_slot(s);  // the slot's live count was the device's reference too
 }
 
 // The free path, after the last reference (owner, QPs, refs) is gone. Transient pins
@@ -31,7 +32,14 @@ void finish_counter_slot(slot& s) noexcept {
 // ordering: acq_rel RMWs on `pins` on both sides, so exactly one side sees the other's update
 // and whoever finishes sees every prior write.
 void free_counter_slot(slot& s) noexcept {
-  if (s.pins.fetch_or(pins_dead, std::memory_order_acq_rel) != 0) return;
+  // No pin held (the common case): nobody can take one any more -- pin_slot needs a live
+  // reference and the last one is gone -- so the slot is finished without a locked RMW. The
+  // acquire load pairs with the last unpin's acq_rel decrement (its reads happen before the
+  // finish) and sees every pin a reference holder took (its pin is sequenced before its
+  // reference drop, which the last drop's acq_rel RMW read). Otherwise the pins_dead protocol.
+  if (s.pins.load(std::memory_order_acquire) != 0 &&
+      s.pins.fetch_or(pins_dead, std::memory_order_acq_rel) != 0)
+    return;
   finish_counter_slot(s);
 }
 }  // namespace
@@ -48,7 +56,8 @@ std::error_code destroy_counter_slot(slot& s) noexcept {
   if (!s.refs.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
                                       std::memory_order_acquire))
     return fail(EBUSY, "destroy_comp_cntr: counter %u is still attached to a QP or held by a "
-                "counter_ref or a credit tracker (%u reference(s) besides its owner's)", s.index,
+                "counter_ref, a credit tracker or a completion tracker (%u reference(s) besides its "
+                "owner's)", s.index,
                 expected - 1);
   // refs stays 0 from here on: an attach or a resolve() that looks now sees 0 and is refused.
   // (Storing 1 back and dropping it with unref_counter_slot would reopen a window in which an

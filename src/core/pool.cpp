@@ -163,11 +163,12 @@ std::string slot_pool::status() const {
 
 bool slot_pool::reserve() noexcept {
   // A CAS loop rather than fetch_add + undo: a transient over-count by a refused caller could
-  // otherwise refuse another caller while fewer than capacity_ slots are live.
-  std::uint32_t n = live_->load(std::memory_order_relaxed);
+  // otherwise refuse another caller while fewer than capacity_ slots are live. The holds in the
+  // high half are carried along unchanged.
+  std::uint64_t w = live_->load(std::memory_order_relaxed);
   do {
-    if (n >= capacity_) return false;
-  } while (!live_->compare_exchange_weak(n, n + 1, std::memory_order_relaxed, std::memory_order_relaxed));
+    if (static_cast<std::uint32_t>(w) >= capacity_) return false;
+  } while (!live_->compare_exchange_weak(w, w + 1, std::memory_order_relaxed, std::memory_order_relaxed));
   return true;
 }
 
@@ -311,11 +312,11 @@ slot* slot_pool::allocate(int numa_node, std::error_code& ec) noexcept {
   return s;
 }
 
-void slot_pool::release(slot& s) noexcept {
+bool slot_pool::release(slot& s) noexcept {
   // arenas_[..].node was written before the arena was published, which happens-before this
   // slot was handed out and therefore before its release.
   push_free(nodes_[arenas_[s.index >> arena_shift_].node], s);
-  live_->fetch_sub(1, std::memory_order_release);
+  return live_->fetch_sub(1, std::memory_order_acq_rel) == 1;
 }
 
 }  // namespace compcntr::detail

@@ -114,7 +114,7 @@ TEST_CASE("create: flags, comp_mask and type are checked; refusals create nothin
   const bad_case cases[] = {
       {COMPCNTR_COMP_CNTR_TYPE_WRS, 0, 1, 0, "flags"},
       {COMPCNTR_COMP_CNTR_TYPE_BYTES, 0, 0x80000000u, 0, "flags"},
-      {COMPCNTR_COMP_CNTR_TYPE_WRS, 1u << 1, 0, 0, "comp_mask"},
+      {COMPCNTR_COMP_CNTR_TYPE_WRS, 1u << 2, 0, 0, "comp_mask"},  // 1 << 1: stripes
       {COMPCNTR_COMP_CNTR_TYPE_WRS, 0x80000000u, 0, 0, "comp_mask"},
       {2, 0, 0, 0, "type"},
       {0xffffffffu, 0, 0, 0, "type"},

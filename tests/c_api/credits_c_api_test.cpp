@@ -59,7 +59,7 @@ TEST_CASE("C credits: create validates, NULL + errno") {
   CHECK(compcntr_credits_create(dev, 1, 0) == nullptr);
   CHECK(errno == EINVAL);
   errno = 0;
-  CHECK(compcntr_credits_create(dev, 1, (UINT64_MAX >> 2) + 1) == nullptr);
+  CHECK(compcntr_credits_create(dev, 1, (UINT64_MAX >> 2) + 2) == nullptr);  // above 2^62
   CHECK(errno == EINVAL);
   CHECK(has("quarter"));
   errno = 0;

@@ -78,8 +78,12 @@ class deadline {
 //            not once per wait: a device may gain progress sources while the waiter sleeps
 //            (a QP wrapped and attached later), and the attach wakes registered sleepers
 //            (slot::kick) so they re-decide.
-template <class Check, class Sleep>
-outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check,
+//   poll(n): n hot polls (`pause`, check) or fewer if one finds the wait done; the engine calls it
+//            in blocks of `stride` polls between clock reads. A caller whose checks need nothing
+//            but loads (no hook, no device progress, no refresh) runs its own tight loop here:
+//            the hot poll is what a spin waiter's latency is made of (bench P4).
+template <class Check, class Poll, class Sleep>
+outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check, Poll&& poll,
                    Sleep&& sleep) noexcept {
   outcome r = check();
   if (r.done) return r;
@@ -87,17 +91,16 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check
   deadline dl(timeout_ms);
 
   if (o.spin > nanoseconds::zero()) {
-    // 1. hot: one pause between checks. The clock is read every `stride` polls, the first time
-    // after `stride` polls (the spin budget and the timeout count from there: at most ~0.5 us
-    // late), and never in spin-only mode without a timeout.
+    // 1. hot: one pause between checks, in blocks of `stride` polls. The clock is read after
+    // each block, the first time after `stride` polls (the spin budget and the timeout count
+    // from there: at most ~0.5 us late), and never in spin-only mode without a timeout.
     const bool spin_always = o.spin >= max_finite_spin;
     const bool need_clock = !spin_always || !dl.forever();
     clock::time_point spin_end = clock::time_point::max();
     const unsigned stride = o.hook != nullptr ? 1 : clock_stride;
-    for (unsigned k = 1;; ++k) {
-      cpu_relax();
-      if ((r = check()).done) return r;
-      if (need_clock && k % stride == 0) {
+    for (;;) {
+      if ((r = poll(stride)).done) return r;
+      if (need_clock) {
         const clock::time_point now = clock::now();
         if (!dl.started()) {
           dl.start(now);
@@ -129,6 +132,16 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check
   }
 }
 
+// poll(n) for callers without a loop of their own: n times `pause`, check().
+template <class Check>
+outcome poll_with(Check& check, unsigned n) noexcept {
+  for (unsigned k = 0; k < n; ++k) {
+    cpu_relax();
+    if (const outcome r = check(); r.done) return r;
+  }
+  return pending;
+}
+
 // A sleep of at most `rel` (< 0: no limit), shortened to `slice` when progress must be driven.
 nanoseconds capped(nanoseconds rel, nanoseconds slice, bool needs_progress) noexcept {
   return needs_progress && (rel.count() < 0 || rel > slice) ? slice : rel;
@@ -143,12 +156,17 @@ nanoseconds sleep_cap(nanoseconds rel, nanoseconds slice, bool hook, bool device
   return capped(rel, std::min(slice, nanoseconds(default_hook_interval)), device);
 }
 
+// Whether the counter's updates bypass its slot's words (a native counter the device updates, or
+// one refreshed from it): striped counters are not that (their updates wake waiters as a plain
+// counter's do).
+bool hardware_backed(const slot& s) noexcept { return s.hw != nullptr && !s.striped(); }
+
 // Whether a waiter on `s` must wake up to drive progress (besides a hook of its own): the
 // counter is hardware-backed or its device has progress sources (emulated CQs). Called after
 // the waiter registered (seq_cst RMW on watch): pairs with slot::kick()'s fence, so either
 // this sees a source added before the kick or the kick sees the registration.
 bool slot_needs_progress(const slot& s) noexcept {
-  return s.hw != nullptr || !s.owner->progress_sources().empty();
+  return hardware_backed(s) || !s.owner->progress_sources().empty();
 }
 
 // Where each thread's next poll_any scan starts: just after the index it last returned.
@@ -174,13 +192,13 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   std::uint64_t err0 = g.errors_seen;
   if (g.sample_errors) {
     if (refresh != nullptr) refresh(s);  // so a stale mirror's catch-up is not "during the wait"
-    err0 = s.errors.load(std::memory_order_seq_cst);
+    err0 = s.errors_seq_cst();
   }
   const std::uint64_t base = g.base, need = g.need, mask = g.mask;
 
   auto test = [&]() noexcept -> outcome {
-    if (((s.value.load(std::memory_order_seq_cst) - base) & mask) >= need) return {true, std::errc{}, 0};
-    if (s.errors.load(std::memory_order_seq_cst) != err0) return {true, std::errc::io_error, 0};
+    if (((s.value_seq_cst() - base) & mask) >= need) return {true, std::errc{}, 0};
+    if (s.errors_seq_cst() != err0) return {true, std::errc::io_error, 0};
     return pending;
   };
   // The device's own progress sources (emulated verbs CQs) are driven like a hook: a waiter on
@@ -191,6 +209,39 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
     dev.progress();
     if (refresh) refresh(s);
     return test();
+  };
+  // The hot poll. With nothing to drive (no hook, no refresh, no progress source: the software
+  // counter case) a poll is `pause`, two loads of the counter's line and two compares (callgrind:
+  // bench/opcount.sh wait_poll), as close to a raw spin loop as the EIO check allows; the plain
+  // threshold (base 0, full mask) has its own loop without the subtraction. Whether there is
+  // something to drive is looked at again for every block of polls (a device may gain progress
+  // sources while a waiter spins), one relaxed load per block.
+  const std::atomic<std::uint64_t>& value = s.value;
+  const std::atomic<std::uint64_t>& errors = s.errors;
+  auto poll = [&](unsigned n) noexcept -> outcome {
+    if (o.hook != nullptr || refresh != nullptr || s.striped() ||
+        !dev.progress_sources().empty() || n != clock_stride) [[unlikely]]
+      return poll_with(check, n);
+    const std::uint64_t b = base, m = mask, goal = need, e0 = err0;  // in registers
+    if (b == 0 && m == ~std::uint64_t{0}) {
+#pragma clang loop unroll(full)
+      for (unsigned k = 0; k < clock_stride; ++k) {
+        cpu_relax();
+        if (value.load(std::memory_order_seq_cst) >= goal) [[unlikely]] return {true, std::errc{}, 0};
+        if (errors.load(std::memory_order_seq_cst) != e0) [[unlikely]]
+          return {true, std::errc::io_error, 0};
+      }
+      return pending;
+    }
+#pragma clang loop unroll(full)
+    for (unsigned k = 0; k < clock_stride; ++k) {
+      cpu_relax();
+      if (((value.load(std::memory_order_seq_cst) - b) & m) >= goal) [[unlikely]]
+        return {true, std::errc{}, 0};
+      if (errors.load(std::memory_order_seq_cst) != e0) [[unlikely]]
+        return {true, std::errc::io_error, 0};
+    }
+    return pending;
   };
   auto sleep = [&](nanoseconds rel, nanoseconds slice) noexcept -> outcome {
     // Sequence first (acquire), then register (seq_cst RMW), then re-test (seq_cst loads): an
@@ -205,7 +256,7 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
     s.watch.fetch_sub(1, std::memory_order_seq_cst);
     return r;
   };
-  return run_phases(timeout_ms, o, check, sleep).ec;
+  return run_phases(timeout_ms, o, check, poll, sleep).ec;
 }
 
 poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
@@ -219,7 +270,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
     const slot* s = list.at(list.base, i);
     if (s == nullptr)
       return {std::errc(fail(EINVAL, "poll: counter %zu is NULL or empty", i).value()), 0};
-    any_hw |= s->hw != nullptr || !s->owner->progress_sources().empty();
+    any_hw |= hardware_backed(*s) || !s->owner->progress_sources().empty();
   }
   const std::size_t start = poll_cursor % n;
 
@@ -245,15 +296,15 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
   for (std::size_t i = 0; i < n; ++i) {
     e[i].s = list.at(list.base, i);
     if (e[i].s->hw != nullptr && e[i].s->hw->refresh != nullptr) e[i].s->hw->refresh(*e[i].s);
-    e[i].err0 = e[i].s->errors.load(std::memory_order_seq_cst);
+    e[i].err0 = e[i].s->errors_seq_cst();
   }
 
   auto test = [&]() noexcept -> outcome {
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = start + k < n ? start + k : start + k - n;
       const slot& s = *e[i].s;
-      if (s.value.load(std::memory_order_seq_cst) >= thresholds[i]) return {true, std::errc{}, i};
-      if (s.errors.load(std::memory_order_seq_cst) != e[i].err0) return {true, std::errc::io_error, i};
+      if (s.value_seq_cst() >= thresholds[i]) return {true, std::errc{}, i};
+      if (s.errors_seq_cst() != e[i].err0) return {true, std::errc::io_error, i};
     }
     return pending;
   };
@@ -298,7 +349,8 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
       if (e[i].link.linked) unregister_poller(e[i].link);
     return r;
   };
-  const outcome r = run_phases(timeout_ms, o, check, sleep);
+  const outcome r = run_phases(timeout_ms, o, check,
+                                [&](unsigned k) noexcept { return poll_with(check, k); }, sleep);
   if (r.ec == std::errc{}) poll_cursor = r.index + 1;
   return {r.ec, r.ec == std::errc::timed_out ? 0 : r.index};
 }

@@ -31,6 +31,11 @@ constexpr auto get_spin = std::chrono::microseconds(20);
 /// readable, or fails with EAGAIN when the application made the fd non-blocking.
 /// false + ec on failure.
 bool wait_readable(const detail::cmd_comp_core& core, const char* call, std::error_code& ec) noexcept {
+  if (core.orphaned()) {  // a forked child: nothing will ever arrive (try_get names the cause)
+    query_response r;
+    const_cast<detail::cmd_comp_core&>(core).try_get(std::span<query_response>(&r, 1), ec);
+    return false;
+  }
   const int fd = core.fd();
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0) {
@@ -141,6 +146,12 @@ int cmd_completion::get_raw(void* buf, std::size_t len) noexcept {
     return detail::fail(EINVAL, "get_async_cmd_comp: cmd_resp_len %zu is smaller than the response "
                         "header (%zu bytes)", len, detail::async_cmd_header_bytes).value();
   std::error_code ec;
+  if (core_->orphaned()) [[unlikely]] {
+    // A forked child: what try_get says (EOWNERDEAD, naming the cause), before any size check.
+    query_response r;
+    core_->try_get(std::span<query_response>(&r, 1), ec);
+    return ec.value();
+  }
   for (;;) {
     if (len < full) {
       // Checked against a queued response without taking it: it stays queued, fd unchanged.
@@ -150,6 +161,7 @@ int cmd_completion::get_raw(void* buf, std::size_t len) noexcept {
     } else {
       query_response r;
       const std::size_t n = core_->try_get(std::span<query_response>(&r, 1), ec);
+      if (ec && ec.value() != EIO) return ec.value();  // EOWNERDEAD (fork): nothing written
       if (n != 0 || ec) {
         auto* out = static_cast<unsigned char*>(buf);
         std::memcpy(out, &r.wr_id, sizeof r.wr_id);  // also on EIO: names the failed query

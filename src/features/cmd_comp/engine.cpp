@@ -46,14 +46,37 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) noexcept {
 constexpr unsigned engine_spin_polls = 256;
 constexpr unsigned engine_yield_polls = 64;
 
+/// Incremented in the child by a pthread_atfork handler (registered with the first engine):
+/// an engine whose recorded generation differs was started by an ancestor process and has no
+/// thread here. Issue 15, defect 3: a child's cmd_comp on an inherited device used to accept
+/// queries nobody would answer, and a blocking get hung.
+std::atomic<std::uint32_t> fork_generation{0};
+
+void count_fork_in_child() noexcept { fork_generation.fetch_add(1, std::memory_order_relaxed); }
+
 }  // namespace
 
+bool command_engine::foreign() const noexcept {
+  return fork_gen_ != fork_generation.load(std::memory_order_relaxed);
+}
+
+/// The EOWNERDEAD every engine-backed call of a forked child gets (docs/devices.md, FORK).
+std::error_code orphaned_error(const char* call, const command_engine& e) noexcept {
+  return fail(EOWNERDEAD, "%s: the device's command engine runs in process %d, which opened it; "
+              "after fork() this process (%d) has no such thread, so nothing would answer: open "
+              "a new device here", call, static_cast<int>(e.owner_pid()), static_cast<int>(::getpid()));
+}
+
 command_engine* command_engine::start(const void* key, std::error_code& ec) noexcept {
+  static const int atfork = ::pthread_atfork(nullptr, nullptr, count_fork_in_child);
+  (void)atfork;  // registration failure (ENOMEM) only loses the fork check
   auto* e = new (std::nothrow) command_engine(key);
   if (!e) {
     fail_into(ec, ENOMEM, "create_cmd_comp: out of memory for the command engine");
     return nullptr;
   }
+  e->fork_gen_ = fork_generation.load(std::memory_order_relaxed);
+  e->pid_ = ::getpid();
   try {
     e->thread_ = std::thread([e] {
       ::pthread_setname_np(::pthread_self(), "compcntr-engine");
@@ -74,6 +97,13 @@ command_engine* command_engine::start(const void* key, std::error_code& ec) noex
 }
 
 void command_engine::stop() noexcept {
+  if (foreign()) {
+    // A forked child closing an inherited device: the thread is the parent's, there is none to
+    // stop or join here. The device's reference goes; the thread's never does, so this copy of
+    // the engine (and its std::thread handle) is left alone for the process's lifetime.
+    refs_.fetch_sub(1, std::memory_order_acq_rel);
+    return;
+  }
   stop_.store(true, std::memory_order_seq_cst);
   wake();
   if (thread_.get_id() == std::this_thread::get_id())
@@ -152,6 +182,10 @@ void command_engine::run() noexcept {
 std::size_t engine_cmd_comp::issue(std::span<const slot_query> q, std::error_code& ec) noexcept {
   ec.clear();
   if (q.empty()) return 0;
+  if (eng_->foreign()) [[unlikely]] {
+    ec = orphaned_error("query_comp_cntr_async", *eng_);
+    return 0;
+  }
   // Admission, exact under any concurrency: CAS so a refused issuer never inflates the count.
   // Memory ordering: acquire pairs with the consumer's release decrement, so the nodes it freed
   // are visible to alloc() below (not needed for correctness, which only spins otherwise).
@@ -280,6 +314,12 @@ void engine_cmd_comp::consumed(std::uint32_t n) noexcept {
 
 std::size_t engine_cmd_comp::try_get(std::span<query_response> out, std::error_code& ec) noexcept {
   ec.clear();
+  if (eng_->foreign()) [[unlikely]] {
+    // Even responses queued before the fork stay: popping them would clear the eventfd this
+    // process shares with the parent, whose copy of them is still queued.
+    ec = orphaned_error("get_async_cmd_comp", *eng_);
+    return 0;
+  }
   if (out.empty()) return 0;
   std::lock_guard lock(consumer_mu_);
   // acquire pairs with the engine's count update: every counted response has been pushed.
@@ -308,6 +348,18 @@ std::size_t engine_cmd_comp::try_get(std::span<query_response> out, std::error_c
 
 void engine_cmd_comp::destroy() noexcept {
   destroyed_.store(true, std::memory_order_seq_cst);
+  if (eng_->foreign()) [[unlikely]] {
+    // Forked child: no engine here will answer (or let go of) anything. Close this process's
+    // copy of the fd and drop the device; the object itself is left (the engine's reference,
+    // if it was queued at the fork, is never dropped here). No lock: the parent's engine may
+    // have held signal_mu_ at the fork, and no other thread of this process uses it.
+    closed_ = true;
+    ::close(efd_);
+    device_core* dev = dev_;
+    release();
+    dev->release();
+    return;
+  }
   // Discard what the engine has not taken yet: release the counters those queries held.
   if (query_node* chain = pending_.exchange(nullptr, std::memory_order_acq_rel)) {
     std::uint32_t k = 0;
@@ -357,8 +409,14 @@ constexpr char engine_service_key = 0;
 }  // namespace
 
 command_engine* device_engine(device_core& dev, std::error_code& ec) noexcept {
-  if (device_service* s = dev.find_service(&engine_service_key))
-    return static_cast<command_engine*>(s);
+  if (device_service* s = dev.find_service(&engine_service_key)) {
+    auto* e = static_cast<command_engine*>(s);
+    if (e->foreign()) [[unlikely]] {
+      ec = orphaned_error("create_cmd_comp", *e);
+      return nullptr;
+    }
+    return e;
+  }
   command_engine* mine = command_engine::start(&engine_service_key, ec);
   if (!mine) return nullptr;
   device_service* winner = dev.add_service(*mine);

@@ -141,6 +141,11 @@ class command_engine final : public device_service {
   /// The device's side of shutdown: stops the thread after it has drained its run queue, then
   /// drops the device's reference. Joins, or detaches when called on the engine thread itself.
   void stop() noexcept override;
+  /// True in a process forked from the one that started this engine: its thread does not exist
+  /// here (fork copies only the calling thread). One relaxed load.
+  bool foreign() const noexcept;
+  /// The process that started the engine (for messages).
+  pid_t owner_pid() const noexcept { return pid_; }
 
  private:
   explicit command_engine(const void* key) noexcept : device_service(key) {}
@@ -156,6 +161,8 @@ class command_engine final : public device_service {
   std::atomic<std::uint32_t> wake_seq_{0};  ///< futex word
   std::atomic<bool> stop_{false};
   std::atomic<std::uint32_t> refs_{2};      ///< the device + the thread
+  std::uint32_t fork_gen_ = 0;              ///< fork generation at start (engine.cpp)
+  pid_t pid_ = 0;
   std::thread thread_;
 };
 
@@ -175,6 +182,7 @@ class engine_cmd_comp final : public cmd_comp_core {
     return ready_count_.load(std::memory_order_relaxed) != 0;
   }
   std::size_t queued() const noexcept override { return settled_count(); }
+  bool orphaned() const noexcept override { return eng_->foreign(); }
   void destroy() noexcept override;
 
   /// Engine side: answers whatever is pending. Called with an engine reference held.

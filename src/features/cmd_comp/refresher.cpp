@@ -121,9 +121,10 @@ std::error_code mirror_refresher::watch(counter_view c) noexcept {
   if (s->owner != &st_->cmd.core()->device())
     return detail::fail(EINVAL, "mirror_refresher::watch: counter %u belongs to another device",
                         s->index);
-  if (s->hw == nullptr)
-    return detail::fail(EINVAL, "mirror_refresher::watch: counter %u is a software counter: its "
-                        "slot is the value itself, there is no device copy to refresh", s->index);
+  if (s->hw == nullptr || s->striped())
+    return detail::fail(EINVAL, "mirror_refresher::watch: counter %u is a software counter (plain "
+                        "or striped): its memory is the value itself, there is no device copy "
+                        "to refresh", s->index);
   std::lock_guard lock(st_->mu);
   if (st_->by_slot.count(s))
     return detail::fail(EEXIST, "mirror_refresher::watch: counter %u is already watched", s->index);

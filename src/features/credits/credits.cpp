@@ -45,6 +45,7 @@ module;
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <span>
@@ -125,11 +126,34 @@ std::uint64_t detail::check_credit_shape(const char* call, const device& dev, st
     return fail_into(ec, ENOTSUP, "%s: the device's counters wrap at max_value %llu + 1, not a "
                      "power of two: credit arithmetic needs one", call,
                      static_cast<unsigned long long>(mask)), 0;
-  if (credits > (mask >> 2))
+  // A quarter of the range (mask + 1) / 4, e.g. 2^62 on the software device (docs/credits.md):
+  // outstanding counts then stay <= a quarter, far from the inconsistent half.
+  const std::uint64_t quarter = mask >= 3 ? (mask >> 2) + 1 : 0;
+  if (credits > quarter)
     return fail_into(ec, EINVAL, "%s: credits_per_peer %llu is above a quarter of the counter "
                      "range (%llu): outstanding counts could not be told from wrapped ones",
                      call, static_cast<unsigned long long>(credits),
-                     static_cast<unsigned long long>(mask >> 2)), 0;
+                     static_cast<unsigned long long>(quarter)), 0;
+  return mask;
+}
+
+std::uint64_t detail::check_credit_windows(const char* call, const device& dev,
+                                           std::span<const std::uint64_t> windows,
+                                           std::error_code& ec) noexcept {
+  using detail::fail_into;
+  // The shape with a window of 1, then every window against the same limits.
+  const std::uint64_t mask = check_credit_shape(call, dev, windows.size(), 1, ec);
+  if (mask == 0) return 0;
+  const std::uint64_t quarter = (mask >> 2) + 1;  // as check_credit_shape: 2^62 on soft
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    if (windows[i] == 0)
+      return fail_into(ec, EINVAL, "%s: the window of peer %zu is 0 (each must be > 0)", call, i), 0;
+    if (windows[i] > quarter)
+      return fail_into(ec, EINVAL, "%s: the window of peer %zu, %llu, is above a quarter of the "
+                       "counter range (%llu): outstanding counts could not be told from wrapped "
+                       "ones", call, i, static_cast<unsigned long long>(windows[i]),
+                       static_cast<unsigned long long>(quarter)), 0;
+  }
   return mask;
 }
 
@@ -139,6 +163,19 @@ credit_tracker credit_tracker::create(device& dev, std::uint32_t npeers,
   const std::uint64_t mask =
       detail::check_credit_shape("credits_create", dev, npeers, credits_per_peer, ec);
   if (mask == 0) return {};
+  return make(dev, npeers, nullptr, credits_per_peer, mask, ec);
+}
+
+credit_tracker credit_tracker::create(device& dev, std::span<const std::uint64_t> windows,
+                                      std::error_code& ec) noexcept {
+  const std::uint64_t mask = detail::check_credit_windows("credits_create", dev, windows, ec);
+  if (mask == 0) return {};
+  return make(dev, static_cast<std::uint32_t>(windows.size()), windows.data(), 0, mask, ec);
+}
+
+credit_tracker credit_tracker::make(device& dev, std::uint32_t npeers,
+                                    const std::uint64_t* windows, std::uint64_t credits,
+                                    std::uint64_t mask, std::error_code& ec) noexcept {
   const counter_caps caps = dev.caps();
   if (npeers > caps.max_counters - std::min(caps.max_counters, dev.live_counters())) {
     detail::fail_into(ec, ENOMEM, "credits_create: %u peers need %u counters, the device has "
@@ -153,31 +190,44 @@ credit_tracker credit_tracker::create(device& dev, std::uint32_t npeers,
     detail::fail_into(ec, ENOMEM, "credits_create: out of memory for %u peers", npeers);
     return {};
   }
+  std::uint64_t largest = 0;
   for (std::uint32_t i = 0; i < npeers; ++i) {
     t.owned_[i] = dev.create_counter(counter_type::wrs, ec);
     if (ec) return {};  // t's destructor destroys the counters made so far
     t.peers_[i]->c = t.owned_[i];
+    t.peers_[i]->window = windows != nullptr ? windows[i] : credits;
+    largest = std::max(largest, t.peers_[i]->window);
   }
   t.npeers_ = npeers;
-  t.credits_ = credits_per_peer;
+  t.credits_ = largest;
   t.mask_ = mask;
   ec.clear();
   return t;
 }
 
 namespace {
-// adopt() over any list of counters: `at(i)` is the i-th counter's view (empty for a null one).
+// adopt() over any list of counters: `at(i)` is the i-th counter's view (empty for a null one);
+// windows[i] is peer i's window, or credits_per_peer for every peer when windows is null.
+// `largest` gets the largest window.
 template <class At>
 bool adopt_views(const device& dev, std::size_t n, At at, std::uint64_t credits_per_peer,
-                           std::error_code& ec,
-                           std::unique_ptr<cache_padded<detail::credit_peer>[]>& peers,
-                           std::uint64_t& mask) noexcept {
-  mask = detail::check_credit_shape("credits_adopt", dev, n, credits_per_peer, ec);
+                 const std::uint64_t* windows, std::error_code& ec,
+                 std::unique_ptr<cache_padded<detail::credit_peer>[]>& peers, std::uint64_t& mask,
+                 std::uint64_t& largest) noexcept {
+  mask = windows == nullptr
+             ? detail::check_credit_shape("credits_adopt", dev, n, credits_per_peer, ec)
+             : detail::check_credit_windows("credits_adopt", dev, {windows, n}, ec);
   if (mask == 0) return false;
   for (std::size_t i = 0; i < n; ++i) {
     const counter_view c = at(i);
     if (!c) {
       detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu is null or empty", i);
+      return false;
+    }
+    if (c.native_slot()->owner != dev.core()) {
+      // Its range may differ from the mask computed from dev, and waits on it would not drive
+      // dev's progress sources: refused, as completion_tracker::create and the C adopt do.
+      detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu belongs to another device", i);
       return false;
     }
     if (c.type() != counter_type::wrs) {
@@ -186,14 +236,42 @@ bool adopt_views(const device& dev, std::size_t n, At at, std::uint64_t credits_
       return false;
     }
   }
+  // One counter per peer: a counter shared by two peers would count the completions of both,
+  // so either peer's completions would return the other's credits (over-subscription). Sorted
+  // by slot, O(n log n) for the large peer counts of MPI jobs.
+  if (n > 1) {
+    struct entry {
+      const detail::slot* s;
+      std::size_t i;
+    };
+    std::unique_ptr<entry[]> e(new (std::nothrow) entry[n]);
+    if (!e) {
+      detail::fail_into(ec, ENOMEM, "credits_adopt: out of memory for %zu peers", n);
+      return false;
+    }
+    for (std::size_t i = 0; i < n; ++i) e[i] = {at(i).native_slot(), i};
+    std::sort(e.get(), e.get() + n, [](const entry& x, const entry& y) {
+      return x.s != y.s ? std::less<const detail::slot*>{}(x.s, y.s) : x.i < y.i;
+    });
+    for (std::size_t k = 1; k < n; ++k)
+      if (e[k].s == e[k - 1].s) {
+        detail::fail_into(ec, EINVAL, "credits_adopt: counters %zu and %zu are the same counter "
+                          "(each peer needs its own: a shared one would return one peer's "
+                          "credits for the other's completions)", e[k - 1].i, e[k].i);
+        return false;
+      }
+  }
   peers.reset(new (std::nothrow) cache_padded<detail::credit_peer>[n]);
   if (!peers) {
     detail::fail_into(ec, ENOMEM, "credits_adopt: out of memory for %zu peers", n);
     return false;
   }
+  largest = 0;
   for (std::size_t i = 0; i < n; ++i) {
     detail::credit_peer& p = *peers[i];
     p.c = at(i);
+    p.window = windows != nullptr ? windows[i] : credits_per_peer;
+    largest = std::max(largest, p.window);
     // What the counter counted so far is not outstanding. Relaxed: the tracker is published
     // to other threads by whatever hands it over (a happens-before edge).
     p.issued.store(p.c.value() + p.c.errors(), std::memory_order_relaxed);
@@ -207,10 +285,46 @@ credit_tracker credit_tracker::adopt(const device& dev, std::span<const counter_
                                      std::error_code& ec) noexcept {
   credit_tracker t;
   if (!adopt_views(dev, counters.size(), [&](std::size_t i) noexcept { return counters[i]; },
-                   credits_per_peer, ec, t.peers_, t.mask_))
+                   credits_per_peer, nullptr, ec, t.peers_, t.mask_, t.credits_))
     return {};
   t.npeers_ = static_cast<std::uint32_t>(counters.size());
-  t.credits_ = credits_per_peer;
+  ec.clear();
+  return t;
+}
+
+credit_tracker credit_tracker::adopt(const device& dev, std::span<const counter_view> counters,
+                                     std::span<const std::uint64_t> windows,
+                                     std::error_code& ec) noexcept {
+  if (windows.size() != counters.size()) {
+    detail::fail_into(ec, EINVAL, "credits_adopt: %zu counters but %zu windows", counters.size(),
+                      windows.size());
+    return {};
+  }
+  credit_tracker t;
+  if (!adopt_views(dev, counters.size(), [&](std::size_t i) noexcept { return counters[i]; }, 0,
+                   windows.data(), ec, t.peers_, t.mask_, t.credits_))
+    return {};
+  t.npeers_ = static_cast<std::uint32_t>(counters.size());
+  ec.clear();
+  return t;
+}
+
+credit_tracker credit_tracker::adopt(const device& dev, std::span<counter* const> counters,
+                                     std::span<const std::uint64_t> windows,
+                                     std::error_code& ec) noexcept {
+  if (windows.size() != counters.size()) {
+    detail::fail_into(ec, EINVAL, "credits_adopt: %zu counters but %zu windows", counters.size(),
+                      windows.size());
+    return {};
+  }
+  credit_tracker t;
+  if (!adopt_views(dev, counters.size(),
+                   [&](std::size_t i) noexcept {
+                     return counters[i] != nullptr ? counters[i]->view() : counter_view();
+                   },
+                   0, windows.data(), ec, t.peers_, t.mask_, t.credits_))
+    return {};
+  t.npeers_ = static_cast<std::uint32_t>(counters.size());
   ec.clear();
   return t;
 }
@@ -223,10 +337,9 @@ credit_tracker credit_tracker::adopt(const device& dev, std::span<counter* const
                    [&](std::size_t i) noexcept {
                      return counters[i] != nullptr ? counters[i]->view() : counter_view();
                    },
-                   credits_per_peer, ec, t.peers_, t.mask_))
+                   credits_per_peer, nullptr, ec, t.peers_, t.mask_, t.credits_))
     return {};
   t.npeers_ = static_cast<std::uint32_t>(counters.size());
-  t.credits_ = credits_per_peer;
   ec.clear();
   return t;
 }
@@ -239,9 +352,10 @@ std::errc credit_tracker::bad_request(const char* call, std::uint32_t peer,
     return std::errc(
         fail(EINVAL, "%s: peer %u out of range (%u peers)", call, peer, npeers_).value());
   if (n == 0) return std::errc(fail(EINVAL, "%s: n must be > 0", call).value());
-  return std::errc(fail(EINVAL, "%s: n = %llu is more than credits_per_peer (%llu): it could never "
-                        "be satisfied", call, static_cast<unsigned long long>(n),
-                        static_cast<unsigned long long>(credits_)).value());
+  return std::errc(fail(EINVAL, "%s: n = %llu is more than credits_per_peer (%llu, peer %u's "
+                        "window): it could never be satisfied", call,
+                        static_cast<unsigned long long>(n),
+                        static_cast<unsigned long long>(peers_[peer]->window), peer).value());
 }
 
 std::errc credit_tracker::acquire_slow(std::uint32_t peer, std::uint64_t n,
@@ -264,7 +378,7 @@ std::errc credit_tracker::acquire_slow(std::uint32_t peer, std::uint64_t n,
     if (errors_changed || r.errors != err0) return std::errc::io_error;
     if (last) return std::errc::timed_out;
     // n more credits are free once `need` more operations completed, errors staying err0.
-    const std::uint64_t need = r.outstanding + n - credits_;  // >= 1, no overflow
+    const std::uint64_t need = r.outstanding + n - p.window;  // >= 1, no overflow
     const std::errc w =
         wait_for_more(p.c, r.value, need, err0, mask_, b, opts, last);
     if (w == std::errc::invalid_argument) return w;  // an empty counter (misuse)
@@ -274,7 +388,8 @@ std::errc credit_tracker::acquire_slow(std::uint32_t peer, std::uint64_t n,
 }
 
 std::errc credit_tracker::release(std::uint32_t peer, std::uint64_t n) noexcept {
-  if (peer >= npeers_ || n - 1 >= credits_) [[unlikely]] return bad_request("release", peer, n);
+  if (peer >= npeers_ || n - 1 >= peers_[peer]->window) [[unlikely]]
+    return bad_request("release", peer, n);
   detail::credit_peer& p = *peers_[peer];
   // Short critical section (three loads and the add): releasers of one peer only.
   // Memory ordering: acquire exchange / release store, so each releaser sees the previous

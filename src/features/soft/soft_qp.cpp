@@ -64,7 +64,9 @@ class memory_read_guard {
 
 class soft_qp final : public qp_impl {
  public:
-  soft_qp(device_core& dev, soft_memory& mem) noexcept
+  /// May throw std::bad_alloc: libstdc++'s deque allocates in its default constructor
+  /// (make_soft_qp turns that into ENOMEM).
+  soft_qp(device_core& dev, soft_memory& mem)
       : qp_impl(dev, next_qp_num(), qp_state::reset), mem_(mem) {}
 
   std::uint32_t supported_ops() const noexcept override { return all_attach_ops; }
@@ -373,9 +375,27 @@ std::error_code soft_qp::rdma(attach_op op, void* local_addr, std::size_t len, s
 }  // namespace
 
 qp_impl* make_soft_qp(device_core& dev, soft_memory& mem, std::error_code& ec) noexcept {
-  auto* q = new (std::nothrow) soft_qp(dev, mem);
-  if (!q) fail_into(ec, ENOMEM, "create_qp: out of memory");
-  return q;
+  // The memory first, then the object: a std::bad_alloc from the queues' construction (issue
+  // 15, defect 1: it used to escape a noexcept constructor, std::terminate) comes after the
+  // qp_impl base took its device reference, which ~qp_impl does not drop: undo it here.
+  constexpr bool over_aligned = alignof(soft_qp) > __STDCPP_DEFAULT_NEW_ALIGNMENT__;
+  void* raw = over_aligned ? ::operator new(sizeof(soft_qp), std::align_val_t(alignof(soft_qp)), std::nothrow)
+                           : ::operator new(sizeof(soft_qp), std::nothrow);
+  if (!raw) {
+    fail_into(ec, ENOMEM, "create_qp: out of memory");
+    return nullptr;
+  }
+  try {
+    return new (raw) soft_qp(dev, mem);
+  } catch (...) {  // std::bad_alloc: the base was constructed (and its destructor has run)
+    if (over_aligned)
+      ::operator delete(raw, std::align_val_t(alignof(soft_qp)));
+    else
+      ::operator delete(raw);
+    dev.release();
+    fail_into(ec, ENOMEM, "create_qp: out of memory for the QP's queues");
+    return nullptr;
+  }
 }
 
 }  // namespace compcntr::detail

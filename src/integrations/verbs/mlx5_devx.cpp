@@ -172,6 +172,8 @@ class devx_cmd_comp final : public cmd_comp_core {
 
   bool ready() const noexcept override { return host_->ready() || devx_readable(); }
   bool probably_ready() const noexcept override { return host_->probably_ready(); }
+  // After fork() the host engine's thread is gone; the DEVX side is rdma-core's fork rules.
+  bool orphaned() const noexcept override { return host_->orphaned(); }
   std::size_t queued() const noexcept override {
     return host_->queued() + (devx_readable() ? 1 : 0);  // the kernel does not say how many
   }

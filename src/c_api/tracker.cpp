@@ -1,0 +1,91 @@
+// The C API of completion tracking (include/compcntr/tracker.h) over compcntr::completion_tracker.
+//
+// The C++ tracker holds a counter_ref on the caller's counter, so compcntr_destroy_comp_cntr on
+// it is EBUSY while the tracker lives (the counter stays usable), as for a credit tracker.
+#include <compcntr/compcntr.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <new>
+#include <system_error>
+
+import compcntr;
+
+#include "internal.hpp"
+
+using namespace compcntr::c_api;
+using compcntr::detail::fail;
+
+struct compcntr_tracker {
+  compcntr::completion_tracker cxx;
+};
+
+namespace {
+
+int quiet_impl(const char* call, compcntr_tracker* t, int timeout_ms,
+               const compcntr_wait_attr* attr) noexcept {
+  if (!t) return null_arg(call, "t");
+  compcntr::wait_options o;
+  if (const int err = wait_attr_options(call, attr, o)) return err;
+  return static_cast<int>(t->cxx.quiet(std::chrono::milliseconds(timeout_ms), o));
+}
+
+}  // namespace
+
+extern "C" {
+
+struct compcntr_tracker* compcntr_tracker_create(struct compcntr_comp_cntr* completions) {
+  if (!completions)
+    return fail_null<compcntr_tracker>(fail(EINVAL, "tracker_create: completions is NULL"));
+  if (!completions->context)
+    return fail_null<compcntr_tracker>(
+        fail(EINVAL, "tracker_create: the counter has no device (context is NULL)"));
+  auto* t = new (std::nothrow) compcntr_tracker{};
+  if (!t) return fail_null<compcntr_tracker>(fail(ENOMEM, "tracker_create: out of memory"));
+  std::error_code ec;
+  t->cxx = compcntr::completion_tracker::create(completions->context->dev, impl(completions)->cxx, ec);
+  if (ec) {
+    delete t;
+    return fail_null<compcntr_tracker>(ec);
+  }
+  return t;
+}
+
+int compcntr_tracker_issue(struct compcntr_tracker* t, uint64_t n) {
+  if (!t) return null_arg("tracker_issue", "t");
+  return static_cast<int>(t->cxx.issue(n));
+}
+
+uint64_t compcntr_tracker_issued(const struct compcntr_tracker* t) {
+  if (!t) {
+    errno = null_arg("tracker_issued", "t");
+    return 0;
+  }
+  return t->cxx.issued();
+}
+
+uint64_t compcntr_tracker_completed(const struct compcntr_tracker* t) {
+  if (!t) {
+    errno = null_arg("tracker_completed", "t");
+    return 0;
+  }
+  return t->cxx.completed();
+}
+
+int compcntr_tracker_quiet(struct compcntr_tracker* t, int timeout_ms) {
+  return quiet_impl("tracker_quiet", t, timeout_ms, nullptr);
+}
+
+int compcntr_tracker_quiet_ex(struct compcntr_tracker* t, int timeout_ms,
+                              const struct compcntr_wait_attr* attr) {
+  return quiet_impl("tracker_quiet_ex", t, timeout_ms, attr);
+}
+
+int compcntr_tracker_destroy(struct compcntr_tracker* t) {
+  if (!t) return null_arg("tracker_destroy", "t");
+  delete t;
+  return 0;
+}
+
+}  // extern "C"

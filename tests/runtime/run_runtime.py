@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Runs examples/runtime under mpirun and asserts its exit code and printed checks.
+
+usage: run_runtime.py MPIRUN PROGRAM NP EXPECT [program args...]
+  EXPECT  pass            exit 0, every check line PASS, the exact message and write totals,
+                          "runtime: all checks passed"
+          pass:longer=S   the same, for a run meant to outlast S seconds (a watchdog shorter
+                          than the run); a run that was over sooner exercised nothing and is
+                          reported as skipped (exit 77), not passed
+          fail:<text>     a non-zero exit, <text> in the output, and the run bounded in time
+
+          killed:<text>   the job does not end by itself within the limit: the runner ends it,
+                          <text> is in the output, and no process of the job survives
+
+Every run is bounded (a hung job is killed and fails the test): mpirun runs in a session of its
+own; past the limit (90 s, or --runner-limit S before the program arguments) it gets SIGTERM
+(it then kills its ranks), and after a grace period every process left in the session gets
+SIGKILL. After every run the session must be empty: a rank that outlives mpirun (orphaned, still
+spinning on a core of the CI machine) fails the test. mpirun runs as root with
+--allow-run-as-root when needed and oversubscribes the machine's cores (2 here) on purpose.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+
+def arg_value(args, name, default):
+    return int(args[args.index(name) + 1]) if name in args else default
+
+
+def session_members(sid):
+    """PIDs of the live processes of session `sid` (Open MPI puts each rank in a process group
+    of its own, but they stay in mpirun's session)."""
+    pids = []
+    for d in os.listdir('/proc'):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f'/proc/{d}/stat') as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = st[st.rindex(')') + 2:].split()   # state ppid pgrp session ...
+        if int(fields[3]) == sid and fields[0] != 'Z':
+            pids.append(int(d))
+    return pids
+
+
+def kill_session(sid, grace):
+    """SIGKILL for whatever is left in the session after `grace` seconds; returns the PIDs that
+    were still alive then."""
+    end = time.monotonic() + grace
+    left = session_members(sid)
+    while left and time.monotonic() < end:
+        time.sleep(0.1)   # polling for exits, not synchronisation: bounded by `grace`
+        left = session_members(sid)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def main():
+    mpirun, prog, np_, expect = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    args = sys.argv[5:]
+    limit = 90
+    if '--runner-limit' in args:   # the runner's, not the program's
+        k = args.index('--runner-limit')
+        limit, args = float(args[k + 1]), args[:k] + args[k + 2:]
+    cmd = [mpirun]
+    if os.geteuid() == 0:
+        cmd.append('--allow-run-as-root')
+    cmd += ['--oversubscribe', '--bind-to', 'none', '-np', str(np_), prog] + args
+    print(' '.join(cmd))
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True,
+                         env=dict(os.environ, OMPI_MCA_btl_base_warn_component_unused='0'))
+    hung = False
+    try:
+        raw, _ = p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        hung = True
+        p.send_signal(signal.SIGTERM)   # mpirun forwards it and kills its ranks
+        try:
+            raw, _ = p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raw, _ = p.communicate()
+    dt = time.monotonic() - t0
+    # mpirun is gone: nothing of its job may be left (a rank orphaned by mpirun's death keeps
+    # running, on a CI machine's core, until its own watchdog, if ever).
+    survivors = kill_session(p.pid, 5)
+    out = raw.decode(errors='replace')
+    print(out)
+    print(f'exit code {p.returncode} after {dt:.1f} s' + (' (ended by the runner)' if hung else ''))
+    problems = []
+    if survivors:
+        problems.append(f'{len(survivors)} process(es) of the job outlived mpirun (killed now): '
+                        f'{survivors}')
+    if hung and not expect.startswith('killed:'):
+        problems.append(f'the job did not finish within {limit} s (a hang)')
+    longer = None
+    if expect.startswith('pass:longer='):
+        longer = float(expect.split('=', 1)[1])
+        expect = 'pass'
+    if expect == 'pass':
+        if p.returncode != 0:
+            problems.append(f'exit code {p.returncode}, expected 0')
+        checks = re.findall(r'^  check: (.*)  (PASS|FAIL)$', out, re.M)
+        flow = '--no-flow' not in args
+        want = 5 if flow else 4
+        if len(checks) != want:
+            problems.append(f'{len(checks)} check lines, expected {want}')
+        for text, verdict in checks:
+            if verdict != 'PASS':
+                problems.append(f'check failed: {text}')
+        msgs = arg_value(args, '--msgs', 20000)
+        writes = arg_value(args, '--writes', 256)
+        total = msgs * np_ * (np_ - 1)
+        if f'({total} of {total}, bad 0, duplicates 0, missing 0' not in out:
+            problems.append(f'the delivery line does not say {total} of {total} with nothing bad')
+        if f'({writes * np_ * (np_ - 1)} writes, window bytes wrong 0' not in out:
+            problems.append('the RMA line does not report every write landed')
+        if flow and 'violations 0; truncation / error completions 0)' not in out:
+            problems.append('the posted-buffer line is not clean')
+        rows = re.findall(r'^  (\d+) +(\d+) +(\d+) +\d+ +(\d+)/(\d+) ', out, re.M)
+        if len(rows) != np_:
+            problems.append(f'{len(rows)} rows in the per-rank table, expected {np_}')
+        for r, sent, received, infl, win in rows:
+            if int(sent) != msgs * (np_ - 1) or int(received) != msgs * (np_ - 1):
+                problems.append(f'rank {r}: sent {sent} / received {received}, expected {msgs * (np_ - 1)}')
+            if flow and not 0 < int(infl) <= int(win):
+                problems.append(f'rank {r}: {infl} in flight for a window of {win}')
+        if 'runtime: all checks passed' not in out:
+            problems.append('no "runtime: all checks passed" line')
+    elif expect.startswith('fail:'):
+        text = expect[5:]
+        if p.returncode == 0:
+            problems.append('exit code 0, expected the job to fail')
+        if text not in out:
+            problems.append(f'"{text}" not in the output')
+        if 'runtime: all checks passed' in out:
+            problems.append('a failed job claims all checks passed')
+    elif expect.startswith('killed:'):
+        text = expect[7:]
+        if not hung:
+            problems.append(f'the job ended by itself (exit code {p.returncode}) within {limit} s')
+        if text not in out:
+            problems.append(f'"{text}" not in the output')
+    else:
+        problems.append(f'unknown EXPECT {expect}')
+    for pr in problems:
+        print('FAIL:', pr)
+    if problems:
+        return 1
+    if longer is not None:
+        m = re.search(r'RMA writes of \d+ B per pair, ([0-9.]+) s$', out, re.M)
+        wall = float(m.group(1)) if m else 0.0
+        if wall <= longer:
+            print(f'SKIP: the run took {wall:.2f} s, not longer than {longer} s: nothing exercised')
+            return 77
+        print(f'the run took {wall:.2f} s, longer than {longer} s')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
