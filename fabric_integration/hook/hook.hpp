@@ -107,6 +107,16 @@ void note_bound(hook_cntr* c) noexcept;
 /// provider's endpoint cannot be progressed before fi_enable: rxm crashes). install.cpp counts them
 /// up at fi_ep_bind and down at fi_enable or fi_close of the endpoint.
 void pending_add(hook_cntr* c, int delta) noexcept;
+/// fi_poll_add / fi_poll_del of a hook counter (its hidden counter) succeeded: +1 / -1.
+void polled_add(hook_cntr* c, int delta) noexcept;
+/// After a provider's fi_poll reported events: pulls every progress-thread counter that is in a
+/// poll set, in the caller. The provider's poll ran progress and saw a hidden counter change; the
+/// application's next fi_cntr_read (a load) must show it, or a fabtests-style loop (poll until
+/// the counter is reported, then read it) waits forever: the poll never reports that change again.
+void pull_polled() noexcept;
+/// How many pulls application threads made on progress-thread counters (the thread backs off
+/// while it grows).
+std::uint64_t caller_pulls() noexcept;
 /// domain ops cntr_open.
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept;
 /// compcntr_fi_trywait-style arming for hook counters inside the fabric's fi_trywait: collects
@@ -115,8 +125,9 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
 int cntr_trywait(hook_cntr* c, fid** pass, int cap, int* npass) noexcept;
 /// Drives every live counter once (the progress thread). Returns true if a value changed.
 bool progress_all() noexcept;
-/// Sum of the per-counter read counts of live counters (for the stats line at exit).
-void sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_t& waits) noexcept;
+/// Adds the per-counter read counts of live counters (for the stats line at exit). false: left
+/// out, because an abandoned progress thread holds the live list.
+bool sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_t& waits) noexcept;
 
 // ---- installing on objects (install.cpp) -----------------------------------------------------
 
@@ -149,6 +160,8 @@ class control_guard {
 void progress_thread_start() noexcept;  ///< idempotent; only with cfg().progress_thread
 void progress_thread_stop() noexcept;   ///< idempotent; joins
 bool progress_thread_running() noexcept;
+/// A stop gave up waiting for the thread (it is blocked in a provider call): it was detached.
+bool progress_thread_abandoned() noexcept;
 
 }  // namespace compcntr_hook
 

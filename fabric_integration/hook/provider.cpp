@@ -113,7 +113,7 @@ statistics& stats() noexcept { return g_stats; }
 void write_stats() noexcept {
   if (g_cfg.stats_path.empty() || g_stats_written.exchange(true)) return;
   std::uint64_t reads = g_stats.reads.load(), readerrs = g_stats.readerrs.load(), waits = g_stats.waits.load();
-  sum_live_counts(reads, readerrs, waits);
+  const bool live_counted = sum_live_counts(reads, readerrs, waits);
   std::string provs;
   {
     std::lock_guard lk(g_objects_mu);
@@ -128,12 +128,13 @@ void write_stats() noexcept {
       "compcntr-hook pid=%d fabrics=%" PRIu64 " domains=%" PRIu64 " cntr_open=%" PRIu64
       " cntr_served=%" PRIu64 " cntr_bound=%" PRIu64 " cntr_reads=%" PRIu64 " cntr_readerrs=%" PRIu64 " cntr_waits=%" PRIu64
       " cntr_closed=%" PRIu64 " cntr_open_refused=%" PRIu64 " trywaits=%" PRIu64
-      " triggers_translated=%" PRIu64 " work_translated=%" PRIu64 " progress_thread=%d providers=%s\n",
+      " triggers_translated=%" PRIu64 " work_translated=%" PRIu64 " progress_thread=%d providers=%s%s\n",
       static_cast<int>(getpid()), g_stats.fabrics.load(), g_stats.domains.load(), g_stats.cntr_open.load(),
       g_stats.cntr_served.load(),
       g_stats.cntr_bound.load(), reads, readerrs, waits, g_stats.cntr_closed.load(),
       g_stats.cntr_open_refused.load(), g_stats.trywaits.load(), g_stats.triggers_translated.load(),
-      g_stats.work_translated.load(), g_cfg.progress_thread ? 1 : 0, provs.c_str());
+      g_stats.work_translated.load(), g_cfg.progress_thread ? 1 : 0, provs.c_str(),
+      live_counted ? "" : " live_counts=skipped");
   if (n <= 0) return;
   // One write(2) of the whole line with O_APPEND: lines of concurrent processes never interleave.
   const int fd = ::open(g_cfg.stats_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
