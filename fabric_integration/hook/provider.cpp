@@ -52,6 +52,7 @@ std::int64_t env_int(const char* name, std::int64_t dflt, std::int64_t lo, std::
 void read_config() noexcept {
   g_cfg.progress_thread = env_true("COMPCNTR_FI_PROGRESS_THREAD");
   g_cfg.wait_spin_ns = env_int("COMPCNTR_FI_WAIT_SPIN_US", 100, 0, 10'000'000) * 1000;
+  g_cfg.fd_wait_spin_ns = std::getenv("COMPCNTR_FI_WAIT_SPIN_US") ? g_cfg.wait_spin_ns : 0;
   g_cfg.progress_idle_us =
       static_cast<std::uint32_t>(env_int("COMPCNTR_FI_PROGRESS_IDLE_US", 1000, 1, 1'000'000));
   if (const char* p = std::getenv("COMPCNTR_FI_HOOK_STATS")) {
