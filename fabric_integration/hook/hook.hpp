@@ -55,7 +55,7 @@ struct config {
   /// COMPCNTR_FI_WAIT_SPIN_US is set. Such a wait runs one progress round, then sleeps on the
   /// provider's fds, as libfabric's own wait does: spinning there lost to it (P13: 122 us against
   /// 13 us per round trip; the spinner holds a CPU its peer process or another runnable task
-  /// needs). shm's fds report nothing of arriving messages: its waits spin wait_spin_ns first.
+  /// needs). (shm refuses wait sets: its waits take compcntr's wait, spinning wait_spin_ns.)
   std::int64_t fd_wait_spin_ns = 0;
   std::uint32_t progress_idle_us = 1000;  ///< COMPCNTR_FI_PROGRESS_IDLE_US: progress thread's
                                           ///< sleep between rounds once idle for 10 ms

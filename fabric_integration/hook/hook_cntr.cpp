@@ -49,7 +49,6 @@ struct hook_cntr {
   bool sockets = false;            // sockets semantics for -FI_EAVAIL (see cntr_wait)
   bool thread = false;             // the progress thread drives this counter
   bool auto_progress = false;      // the provider moves data itself: waits block at once
-  std::int64_t fd_spin_ns = 0;     // wait_on_fds: spin before sleeping (config::fd_wait_spin_ns)
   int fd = -1;                     // FI_WAIT_FD: the fd FI_GETWAIT hands out
   // The provider side of blocking (FI_WAIT_FD and FI_WAIT_UNSPEC counters, where the provider
   // lets its counter join an FI_WAIT_FD wait set): the hidden counter is opened on `waitset`,
@@ -271,8 +270,10 @@ int arm(hook_cntr* h) noexcept {
   return fi_trywait(h->fabric, &w, 1);
 }
 
-// fi_cntr_wait of a counter with a provider wait set, caller progress: spin (driving progress)
-// for COMPCNTR_FI_WAIT_SPIN_US, then sleep in poll(2) on epfd, armed on both sides, so that the
+// fi_cntr_wait of a counter with a provider wait set (with or without the progress thread): one
+// progress round (plus, only if COMPCNTR_FI_WAIT_SPIN_US is set, a spin driving progress and
+// yielding for that long: config::fd_wait_spin_ns says why not by default), then sleep in
+// poll(2) on epfd, armed on both sides, so that the
 // provider's own fds (a socket with data, a connection request) or an update of cc wake the
 // waiter at once. Sleeps are capped at 10 ms (a safety net for provider work no fd reports);
 // libfabric's util wait instead sleeps in 50 ms quanta.
@@ -289,7 +290,7 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
   // With FI_PROGRESS_AUTO (sockets) the provider's thread moves the data: spinning here would
   // only take a CPU from it (two ping-pong processes and their provider threads on two CPUs), so
   // the waiter blocks on the fds at once; their signal comes with each update.
-  const auto spin_end = start + std::chrono::nanoseconds(h->auto_progress ? 0 : h->fd_spin_ns);
+  const auto spin_end = start + std::chrono::nanoseconds(h->auto_progress ? 0 : cfg().fd_wait_spin_ns);
   for (;;) {
     progress_both(h);
     if (const int r = test(); r <= 0) return r;
@@ -607,7 +608,6 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   h->sockets = ds->fabric && ds->fabric->sockets;
   h->thread = ds->progress_thread;
   h->auto_progress = ds->auto_progress;
-  h->fd_spin_ns = ds->fabric && ds->fabric->prov_name == "shm" ? cfg().wait_spin_ns : cfg().fd_wait_spin_ns;
   const unsigned bits = probe_bits(hidden);
   h->m.init_at(hidden, cc, bits, 0, 0);
   // Can the provider's counter be waited on? A threshold of 0 is met at once where it can.
