@@ -58,6 +58,7 @@ struct hook_cntr {
   // counters it is the fd FI_GETWAIT hands out.
   fid_wait* waitset = nullptr;
   int epfd = -1;
+  int wait_fd = -1;                // the wait set's fd (in epfd; a waiter polls it directly)
   fid_fabric* fabric = nullptr;    // the hooked fabric (fi_trywait on waitset)
   std::atomic<std::uint64_t> err_at_readerr{0};    // sockets: error value at the last readerr
   std::atomic<std::uint64_t> seen_v{0}, seen_e{0};  // fi_trywait's last values
@@ -323,8 +324,10 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
       if (left < ms) ms = left;
     }
-    pollfd p{h->epfd, POLLIN, 0};
-    ::poll(&p, 1, static_cast<int>(ms));
+    // The two fds directly, not epfd: one epoll level less between a socket and the waiter
+    // (the wait set's fd is itself an epoll fd), as deep as libfabric's own wait.
+    pollfd p[2] = {{h->wait_fd, POLLIN, 0}, {h->fd, POLLIN, 0}};
+    ::poll(p, 2, static_cast<int>(ms));
   }
 }
 
@@ -621,6 +624,7 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   h->hidden = hidden;
   h->waitset = waitset;
   h->epfd = epfd;
+  h->wait_fd = waitset != nullptr ? wait_fd : -1;
   h->fabric = ds->fabric ? ds->fabric->fabric : nullptr;
   h->cc = cc;
   h->wait_obj = raw_wait(a);
