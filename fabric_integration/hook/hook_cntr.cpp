@@ -298,27 +298,35 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
   const auto start = clock::now();
   const auto deadline = start + std::chrono::milliseconds(timeout < 0 ? 0 : timeout);
   const std::uint64_t err0 = errors_of(h);
-  auto test = [&]() noexcept -> int {
+  // One check driving the provider: the completion value first, the error value only while the
+  // threshold is not met (reaching the threshold wins a tie, as in util's wait), so a wait that
+  // ends costs one provider read, not two.
+  auto check = [&]() noexcept -> int {
+    h->m.pull_comp();
+    note_caller_pull(h);
     if (value_of(h) >= threshold) return 0;
+    h->m.pull_err();
     if (errors_of(h) != err0) return -FI_EAVAIL;
     return 1;
   };
+  if (value_of(h) >= threshold) return 0;  // already there (no provider call)
   // With FI_PROGRESS_AUTO (sockets) the provider's thread moves the data: spinning here would
   // only take a CPU from it (two ping-pong processes and their provider threads on two CPUs), so
   // the waiter blocks on the fds at once; their signal comes with each update.
   const auto spin_end = start + std::chrono::nanoseconds(h->auto_progress ? 0 : cfg().fd_wait_spin_ns);
   for (;;) {
-    progress_both(h);
-    if (const int r = test(); r <= 0) return r;
     const auto now = clock::now();
-    if (timeout >= 0 && now >= deadline) return -FI_ETIMEDOUT;
     if (now < spin_end) {
+      if (const int r = check(); r <= 0) return r;
       sched_yield();  // the peer process may need this CPU (see fd_wait_spin_ns)
       continue;
     }
-    if (arm(h) == -FI_EAGAIN) continue;  // work pending: progress again, no sleep
-    progress_both(h);                     // what came before the arm (see arm)
-    if (const int r = test(); r <= 0) return r;
+    // Arm first, then check: an update after the check signals an armed fd (see arm), so the
+    // check before the sleep is the only one needed (and a woken waiter checks once).
+    const int armed = arm(h);
+    if (const int r = check(); r <= 0) return r;
+    if (timeout >= 0 && now >= deadline) return -FI_ETIMEDOUT;
+    if (armed == -FI_EAGAIN) continue;  // work pending: progress again, no sleep
     std::int64_t ms = 10;
     if (timeout >= 0) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
