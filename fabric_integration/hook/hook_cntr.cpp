@@ -309,7 +309,9 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
     if (errors_of(h) != err0) return -FI_EAVAIL;
     return 1;
   };
-  if (value_of(h) >= threshold) return 0;  // already there (no provider call)
+  // One check before arming: a wait called right after a read that saw too little usually finds
+  // the answer at its first provider read (fabtests' loop "read; wait"), and then costs no arm.
+  if (const int r = check(); r <= 0) return r;
   // With FI_PROGRESS_AUTO (sockets) the provider's thread moves the data: spinning here would
   // only take a CPU from it (two ping-pong processes and their provider threads on two CPUs), so
   // the waiter blocks on the fds at once; their signal comes with each update.
@@ -321,8 +323,8 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
       sched_yield();  // the peer process may need this CPU (see fd_wait_spin_ns)
       continue;
     }
-    // Arm first, then check: an update after the check signals an armed fd (see arm), so the
-    // check before the sleep is the only one needed (and a woken waiter checks once).
+    // Arm, then check: an update after the check signals an armed fd (see arm), so one check
+    // before the sleep suffices.
     const int armed = arm(h);
     if (const int r = check(); r <= 0) return r;
     if (timeout >= 0 && now >= deadline) return -FI_ETIMEDOUT;
@@ -336,6 +338,7 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
     // (the wait set's fd is itself an epoll fd), as deep as libfabric's own wait.
     pollfd p[2] = {{h->wait_fd, POLLIN, 0}, {h->fd, POLLIN, 0}};
     ::poll(p, 2, static_cast<int>(ms));
+    if (const int r = check(); r <= 0) return r;  // woken: check before arming again
   }
 }
 
