@@ -263,9 +263,10 @@ bool err_since_readerr(hook_cntr* h) noexcept {
 //  * whatever the provider answers when its counter cannot be waited on (util counters opened
 //    with FI_WAIT_NONE: -FI_ENOSYS), probed at open.
 // Where libfabric is weak it is not followed: the wait drives the provider's progress between
-// checks (caller progress) and sleeps in compcntr's futex at most 1 ms at a time after a spin of
-// COMPCNTR_FI_WAIT_SPIN_US (100 us), never in 50 ms quanta; with the progress thread it sleeps
-// until the thread's update wakes it. FI_WAIT_YIELD yields between checks and never sleeps.
+// checks (with or without the progress thread) and sleeps on the provider's wait-set fds
+// (wait_on_fds) or, without them, in compcntr's futex at most 1 ms at a time after up to 10x
+// COMPCNTR_FI_WAIT_SPIN_US of checks, never in 50 ms quanta. FI_WAIT_YIELD yields between
+// checks and never sleeps.
 // Arms both sides of epfd: cc's eventfd (armed: the next update makes it readable) and the
 // provider's wait set (fi_trywait resets it; sockets' wait set keeps one byte per signal until
 // fi_wait reads it, so it is drained first). -FI_EAGAIN: the provider has work pending now.

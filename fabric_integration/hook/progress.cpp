@@ -2,8 +2,8 @@
 //
 // It pulls every hook counter of the domains opened FI_THREAD_SAFE (the hook asks for it when
 // the thread is on: the thread drives endpoints while the application uses them) in rounds, so
-// that fi_cntr_read and fi_cntr_readerr are loads and fi_cntr_wait sleeps until the thread's
-// update wakes it. Busy rounds follow each other at once; after 10 ms without any change the
+// that fi_cntr_read and fi_cntr_readerr are loads (every 256th also pulls, hook_cntr.cpp);
+// fi_cntr_wait drives the provider itself either way. Busy rounds follow each other at once; after 10 ms without any change the
 // thread sleeps COMPCNTR_FI_PROGRESS_IDLE_US (1000) between rounds, so an idle process costs a
 // wake-up per millisecond, and the first completion after idling is seen up to that late.
 // While application threads drive progress themselves (waiters, spinning readers, fi_poll:
