@@ -279,9 +279,9 @@ void drain_sockets_waitset(hook_cntr* h) noexcept {
     for (int i = 0; i < 4096 && fi_wait(h->waitset, 0) == 0; ++i) {
     }
 }
-int arm(hook_cntr* h) noexcept {
+// The provider side alone (wait_on_fds arms cc's fd later, see there).
+int arm_provider(hook_cntr* h) noexcept {
   drain_sockets_waitset(h);
-  if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
   if (h->waitset == nullptr) return 0;
   fid* w = &h->waitset->fid;
   return fi_trywait(h->fabric, &w, 1);
@@ -324,12 +324,19 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
       sched_yield();  // the peer process may need this CPU (see fd_wait_spin_ns)
       continue;
     }
-    // Arm, then check: an update after the check signals an armed fd (see arm), so one check
-    // before the sleep suffices.
-    const int armed = arm(h);
+    // The provider's wait set is reset first, then checked (pulling): provider work after the
+    // reset signals the wait set. cc's fd is armed only after that check, when a sleep follows:
+    // armed during our own pull, the pull's update would write the eventfd (and the next arm
+    // read it back), two system calls per wait for nothing. An update of cc by another thread
+    // (the progress thread, another reader's pull, fi_cntr_add) after the arm signals the fd; one
+    // before it is seen by the loads that follow the arm (its seq_cst fence).
+    const int armed = arm_provider(h);
     if (const int r = check(); r <= 0) return r;
     if (timeout >= 0 && now >= deadline) return -FI_ETIMEDOUT;
     if (armed == -FI_EAGAIN) continue;  // work pending: progress again, no sleep
+    if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
+    if (value_of(h) >= threshold) return 0;
+    if (errors_of(h) != err0) return -FI_EAVAIL;
     std::int64_t ms = 10;
     if (timeout >= 0) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
@@ -662,7 +669,7 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
 int cntr_trywait(hook_cntr* h, fid** pass, int cap, int* npass) noexcept {
   if (h->wait_obj != FI_WAIT_FD || h->fd < 0) return -FI_EINVAL;
   if (h->waitset != nullptr && *npass >= cap) return -FI_ENOMEM;
-  // Reset the provider's side, arm cc's fd, then pull and read (see arm): an update after the
+  // Reset the provider's side, arm cc's fd, then pull and read (see wait_on_fds): an update after the
   // arm makes the fd readable, one before it is in the values read here. A util wait set is
   // reset and checked by the provider's trywait, in the same call as the application's other
   // provider fids (its check sees what came after its reset).
