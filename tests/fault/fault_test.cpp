@@ -162,6 +162,38 @@ void family_counters() {
     for (auto* c : held) compcntr_destroy_comp_cntr(c);
     close_clean(d);
   }
+  // A striped counter allocates its stripes (128 bytes each) beside the slot: ENOMEM leaves the
+  // pool's room (one left) and the counter is exact once made.
+  for (std::uint32_t stripes : {4u, static_cast<std::uint32_t>(COMPCNTR_COMP_CNTR_STRIPES_PER_CPU)}) {
+    compcntr_device* d = open_soft("2");
+    compcntr_comp_cntr* held = counter(d);
+    fault::sweep(stripes == 4 ? "create_comp_cntr (striped, 4 stripes; room for one)"
+                              : "create_comp_cntr (striped, per CPU; room for one)",
+                 fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+                   compcntr_comp_cntr_init_attr a{};
+                   a.comp_mask = COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
+                   a.stripes = stripes;
+                   fault::arm(m, k, kinds);
+                   compcntr_comp_cntr* c = compcntr_create_comp_cntr(d, &a);
+                   const int e = errno;
+                   const long pts = fault::disarm();
+                   const bool refused = c == nullptr;
+                   if (!c) {
+                     FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+                     c = compcntr_create_comp_cntr(d, &a);  // the room is still there
+                     FCHECK(c != nullptr, "the failed create took the last room: %s", compcntr_last_error_message());
+                   }
+                   if (c) {
+                     FCHECK(value(c) == 0 && compcntr_inc_comp_cntr(c, 7) == 0 && compcntr_inc_comp_cntr(c, 1) == 0 &&
+                                value(c) == 8,
+                            "a striped counter counts");
+                     FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy");
+                   }
+                   return {pts, refused};
+                 });
+    compcntr_destroy_comp_cntr(held);
+    close_clean(d);
+  }
   // The first counter of a device allocates its first arena (hwloc_alloc_membind); the
   // 4097th the second (arenas of 4096 slots).
   for (int before : {0, 4096}) {
@@ -412,6 +444,62 @@ void family_credits() {
                  }
                  return {pts, refused};
                });
+  fault::sweep("credits_create_per_peer (3 peers, room for 3 counters)", fault::all & ~fault::malloc_,
+               [&](mode m, long k, unsigned kinds) -> attempt_result {
+                 const std::uint64_t windows[3] = {1, 4, 2};
+                 fault::arm(m, k, kinds);
+                 compcntr_credits* cr = compcntr_credits_create_per_peer(d, 3, windows);
+                 const int e = errno;
+                 const long pts = fault::disarm();
+                 const bool refused = cr == nullptr;
+                 if (!cr) {
+                   FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+                   cr = compcntr_credits_create_per_peer(d, 3, windows);
+                   FCHECK(cr != nullptr, "create_per_peer once the fault is gone: %s", compcntr_last_error_message());
+                 }
+                 if (cr) {
+                   std::uint64_t w = 0;
+                   FCHECK(compcntr_credits_window(cr, 1, &w) == 0 && w == 4, "window of peer 1");
+                   FCHECK(compcntr_credits_acquire(cr, 0, 1, 0) == 0 && compcntr_credits_acquire(cr, 0, 1, 0) == ETIMEDOUT,
+                          "peer 0 has one credit");
+                   compcntr_comp_cntr_init_attr a{};
+                   FCHECK(compcntr_create_comp_cntr(d, &a) == nullptr && errno == ENOMEM, "the pool is full");
+                   FCHECK(compcntr_credits_destroy(cr) == 0, "destroy");
+                 }
+                 return {pts, refused};
+               });
+  {
+    // Adopt the two held counters (with counts on them: issued starts there): a refused adopt
+    // holds no reference (destroy of the counters is not EBUSY afterwards).
+    compcntr_inc_comp_cntr(held[0], 3);
+    compcntr_inc_err_comp_cntr(held[1], 1);
+    fault::sweep("credits_adopt (2 of the caller's counters)", fault::all & ~fault::malloc_,
+                 [&](mode m, long k, unsigned kinds) -> attempt_result {
+                   const std::uint64_t windows[2] = {2, 5};
+                   fault::arm(m, k, kinds);
+                   compcntr_credits* cr = compcntr_credits_adopt(d, held, 2, windows);
+                   const int e = errno;
+                   const long pts = fault::disarm();
+                   const bool refused = cr == nullptr;
+                   if (!cr) {
+                     FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+                     FCHECK(compcntr_comp_cntr_set_owner(held[0], "probe") == 0 &&
+                                compcntr_comp_cntr_set_owner(held[0], nullptr) == 0,
+                            "a refused adopt left no owner");
+                     cr = compcntr_credits_adopt(d, held, 2, windows);
+                     FCHECK(cr != nullptr, "adopt once the fault is gone: %s", compcntr_last_error_message());
+                   }
+                   if (cr) {
+                     std::uint64_t o = 9;
+                     FCHECK(compcntr_credits_outstanding(cr, 0, &o) == 0 && o == 0, "nothing outstanding at adopt");
+                     FCHECK(compcntr_credits_acquire(cr, 1, 5, 0) == 0 && compcntr_credits_release(cr, 1, 5) == 0,
+                            "adopted credits work");
+                     FCHECK(compcntr_destroy_comp_cntr(held[0]) == EBUSY, "an adopted counter is EBUSY");
+                     FCHECK(compcntr_credits_destroy(cr) == 0, "destroy");
+                   }
+                   return {pts, refused};
+                 });
+  }
   compcntr_credits* cr = compcntr_credits_create(d, 2, 8);
   compcntr_comp_cntr* pc = compcntr_credits_counter(cr, 1);
   fault::no_points("credits acquire/release/flush/outstanding/counter", [&] {
@@ -637,6 +725,15 @@ void family_rlimit() {
   // and UBSan's first vptr check of a class opens a pipe. What fails below is the cmd_comp's
   // own eventfd.
   compcntr_devx_destroy_cmd_comp(compcntr_devx_create_cmd_comp(d));
+#if COMPCNTR_FAULT_FABRIC
+  // The adapter's classes once with fds to spare (the sanitizers' first checks of a class).
+  fi_cntr_attr fa{};
+  fa.events = FI_CNTR_EVENTS_COMP;
+  fa.wait_obj = FI_WAIT_FD;
+  fid_cntr* warm = nullptr;
+  FCHECK(compcntr_fi_cntr_open(d, &fa, &warm, nullptr) == 0, "adapter FI_WAIT_FD with fds");
+  if (warm) fi_close(&warm->fid);
+#endif
   rlimit old{};
   getrlimit(RLIMIT_NOFILE, &old);
   int lowest_free = 0;
@@ -651,6 +748,39 @@ void family_rlimit() {
   compcntr_devx_cmd_comp* q = compcntr_devx_create_cmd_comp(d);
   const int e = errno;
   FCHECK(q == nullptr && e == EMFILE, "create_cmd_comp: %p errno %d (%s)", static_cast<void*>(q), e, std::strerror(e));
+  FCHECK(compcntr_comp_cntr_arm_fd_threshold(c, 1) == EINVAL, "no fd to arm for a threshold");
+  {
+    // A striped counter needs no fd.
+    compcntr_comp_cntr_init_attr sa{};
+    sa.comp_mask = COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
+    sa.stripes = COMPCNTR_COMP_CNTR_STRIPES_PER_CPU;
+    compcntr_comp_cntr* sc = compcntr_create_comp_cntr(d, &sa);
+    FCHECK(sc != nullptr, "a striped counter without fds: %s", compcntr_last_error_message());
+    if (sc) {
+      FCHECK(compcntr_inc_comp_cntr(sc, 4) == 0 && value(sc) == 4, "it counts");
+      FCHECK(compcntr_comp_cntr_get_fd(sc, &fd) == EMFILE, "its fd is EMFILE");
+      FCHECK(compcntr_destroy_comp_cntr(sc) == 0, "destroy");
+    }
+  }
+#if COMPCNTR_FAULT_FABRIC
+  {
+    // The adapter: FI_WAIT_FD needs the counter's eventfd (-FI_EMFILE, *cntr untouched);
+    // FI_WAIT_UNSPEC does not.
+    fid_cntr* cn = reinterpret_cast<fid_cntr*>(0x1);
+    const int ra = compcntr_fi_cntr_open(d, &fa, &cn, nullptr);
+    FCHECK(ra == -FI_EMFILE && cn == reinterpret_cast<fid_cntr*>(0x1), "adapter FI_WAIT_FD without fds = %d (%s)", ra,
+           fi_strerror(-ra));
+    fi_cntr_attr ua = fa;
+    ua.wait_obj = FI_WAIT_UNSPEC;
+    cn = nullptr;
+    const int ru = compcntr_fi_cntr_open(d, &ua, &cn, nullptr);
+    FCHECK(ru == 0, "adapter FI_WAIT_UNSPEC without fds = %d (%s)", ru, fi_strerror(-ru));
+    if (cn) {
+      FCHECK(fi_cntr_add(cn, 1) == 0 && fi_cntr_read(cn) == 1, "it counts");
+      FCHECK(fi_close(&cn->fid) == 0, "fi_close");
+    }
+  }
+#endif
   // A device opened without fds (hwloc cannot read sysfs either). Not under the sanitizers:
   // UBSan's vptr check of a new object and ASan's report path need fds themselves (a pipe,
   // /proc/self/maps) and abort in the runtime; the normal build runs it.
@@ -669,6 +799,11 @@ void family_rlimit() {
   q = compcntr_devx_create_cmd_comp(d);
   FCHECK(q != nullptr, "create_cmd_comp with fds back");
   if (q) compcntr_devx_destroy_cmd_comp(q);
+#if COMPCNTR_FAULT_FABRIC
+  fid_cntr* back = nullptr;
+  FCHECK(compcntr_fi_cntr_open(d, &fa, &back, nullptr) == 0, "adapter FI_WAIT_FD with fds back");
+  if (back) fi_close(&back->fid);
+#endif
   compcntr_destroy_comp_cntr(c);
   close_clean(d);
   fault::tally().scenarios += 1;
@@ -742,6 +877,55 @@ void family_fabric() {
   } else {
     std::printf("fault:   bridge scenarios skipped: no udp;ofi_rxd CQ here\n");
   }
+  // The provider-counter mirror over a real provider counter (udp;ofi_rxd's util counter).
+  fid_cntr* pc = nullptr;
+  fi_cntr_attr pca{};
+  pca.events = FI_CNTR_EVENTS_COMP;
+  pca.wait_obj = FI_WAIT_NONE;
+  if (dom && fi_cntr_open(dom, &pca, &pc, nullptr) == 0) {
+    compcntr_comp_cntr* c = counter(d);
+    for (bool ex : {false, true})
+      fault::sweep(ex ? "compcntr_fi_mirror_open_ex + progress + close" : "compcntr_fi_mirror_open + progress + close",
+                   fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+                     const std::uint64_t before = value(c);
+                     FCHECK(fi_cntr_add(pc, 5) == 0, "provider fi_cntr_add");  // before open: the baseline
+                     compcntr_fi_mirror_attr ma{};
+                     ma.comp_mask = COMPCNTR_FI_MIRROR_ATTR_VALUE_BITS;
+                     ma.value_bits = 64;
+                     fault::arm(m, k, kinds);
+                     compcntr_fi_mirror* mi = ex ? compcntr_fi_mirror_open_ex(pc, c, &ma) : compcntr_fi_mirror_open(pc, c);
+                     const int e = mi ? 0 : errno;
+                     const int pr = mi ? compcntr_fi_mirror_progress(mi) : 0;
+                     const long pts = fault::disarm();
+                     FCHECK(value(c) == before, "open + progress add nothing the provider had at open");
+                     if (!mi) {
+                       FCHECK(e == ENOMEM, "mirror_open errno %d (%s), documented: ENOMEM", e, std::strerror(e));
+                       FCHECK(compcntr_fi_last_error()[0] != '\0', "a message names the cause");
+                       mi = ex ? compcntr_fi_mirror_open_ex(pc, c, &ma) : compcntr_fi_mirror_open(pc, c);
+                       FCHECK(mi != nullptr, "mirror_open once the fault is gone");
+                       if (!mi) return {pts, true};
+                     }
+                     FCHECK(pr == 0, "mirror_progress = %d", pr);
+                     FCHECK(fi_cntr_add(pc, 3) == 0 && compcntr_fi_mirror_progress(mi) == 0 && value(c) == before + 3,
+                            "the mirror carries the provider's gain (value %llu, expected %llu)",
+                            static_cast<unsigned long long>(value(c)), static_cast<unsigned long long>(before + 3));
+                     FCHECK(compcntr_fi_mirror_close(mi) == 0, "mirror_close");
+                     return {pts, e != 0};
+                   });
+    compcntr_fi_mirror* mi = compcntr_fi_mirror_open(pc, c);
+    FCHECK(mi != nullptr, "mirror_open");
+    if (mi) {
+      fault::no_points("compcntr_fi_mirror_progress (nothing new, a gain)", [&] {
+        FCHECK(compcntr_fi_mirror_progress(mi) == 0, "progress");
+        FCHECK(fi_cntr_add(pc, 1) == 0 && compcntr_fi_mirror_progress(mi) == 0, "progress after a gain");
+      });
+      compcntr_fi_mirror_close(mi);
+    }
+    fi_close(&pc->fid);
+    compcntr_destroy_comp_cntr(c);
+  } else {
+    std::printf("fault:   mirror scenarios skipped: no udp;ofi_rxd counter here\n");
+  }
   if (cq) fi_close(&cq->fid);
   if (dom) fi_close(&dom->fid);
   if (fab) fi_close(&fab->fid);
@@ -751,9 +935,104 @@ void family_fabric() {
 }
 #endif
 
+#ifdef COMPCNTR_FAULT_HOOK_DIR
+// ---- the hook provider (FI_HOOK=compcntr): libfabric loads libcompcntr-fi.so in this child ----
+// Its allocations are the program's operator new (interposed as for the library), its fds
+// eventfd/epoll_create1 (and the provider's own: the fd kind fails those too). Documented
+// behaviour (docs/hook.md): an object the hook cannot serve is left to the provider (unhooked,
+// still working), or the call fails with the errno that stopped it; never a crash or a leak.
+void family_hook() {
+  setenv("FI_PROVIDER_PATH", COMPCNTR_FAULT_HOOK_DIR, 1);
+  setenv("FI_HOOK", "compcntr", 1);
+  fi_info* hints = fi_allocinfo();
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_MSG;
+  hints->fabric_attr->prov_name = strdup("udp;ofi_rxd");
+  fi_info* info = nullptr;
+  fid_fabric* fab = nullptr;
+  if (fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &info) != 0 ||
+      fi_fabric(info->fabric_attr, &fab, nullptr) != 0) {
+    std::printf("fault:   hook scenarios skipped: no udp;ofi_rxd fabric here\n");
+    if (info) fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return;
+  }
+  // A counter opened on `dom` works (hooked or the provider's own) and closes.
+  auto cntr_works = [&](fid_domain* dom, fi_wait_obj w, bool want_hooked) {
+    fi_cntr_attr a{};
+    a.events = FI_CNTR_EVENTS_COMP;
+    a.wait_obj = w;
+    fid_cntr* cn = nullptr;
+    const int r = fi_cntr_open(dom, &a, &cn, nullptr);
+    FCHECK(r == 0, "fi_cntr_open without faults = %d (%s)", r, fi_strerror(-r));
+    if (r != 0) return;
+    if (want_hooked) FCHECK(compcntr_fi_cntr_comp_cntr(cn) != nullptr, "the hook serves the counter");
+    FCHECK(fi_cntr_add(cn, 2) == 0 && fi_cntr_read(cn) == 2, "a counter counts");
+    FCHECK(fi_close(&cn->fid) == 0, "fi_close of the counter");
+  };
+  fault::sweep("fi_domain under the hook", fault::all & ~fault::malloc_,
+               [&](mode m, long k, unsigned kinds) -> attempt_result {
+                 fid_domain* dom = reinterpret_cast<fid_domain*>(0x1);
+                 fault::arm(m, k, kinds);
+                 const int r = fi_domain(fab, info, &dom, nullptr);
+                 const long pts = fault::disarm();
+                 if (r != 0) {
+                   FCHECK(fault::one_of(-r, {FI_ENOMEM, FI_EMFILE, ENFILE}), "fi_domain = %d (%s)", r, fi_strerror(-r));
+                   FCHECK(fi_domain(fab, info, &dom, nullptr) == 0, "fi_domain once the fault is gone");
+                 }
+                 // A domain the hook could not wrap is the provider's: its counters are the
+                 // provider's then, so only the counting is asked of it.
+                 cntr_works(dom, FI_WAIT_UNSPEC, r != 0 || fault::failed() == 0);
+                 FCHECK(fi_close(&dom->fid) == 0, "fi_close of the domain");
+                 return {pts, r != 0};
+               });
+  fid_domain* dom = nullptr;
+  if (fi_domain(fab, info, &dom, nullptr) == 0) {
+    cntr_works(dom, FI_WAIT_UNSPEC, true);
+    for (fi_wait_obj w : {FI_WAIT_UNSPEC, FI_WAIT_FD, FI_WAIT_NONE}) {
+      const char* name = w == FI_WAIT_FD ? "fi_cntr_open under the hook (FI_WAIT_FD)"
+                         : w == FI_WAIT_NONE ? "fi_cntr_open under the hook (FI_WAIT_NONE)"
+                                             : "fi_cntr_open under the hook (FI_WAIT_UNSPEC)";
+      fault::sweep(name, fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+        fi_cntr_attr a{};
+        a.events = FI_CNTR_EVENTS_COMP;
+        a.wait_obj = w;
+        fid_cntr* cn = reinterpret_cast<fid_cntr*>(0x1);
+        fault::arm(m, k, kinds);
+        const int r = fi_cntr_open(dom, &a, &cn, nullptr);
+        const long pts = fault::disarm();
+        if (r != 0) {
+          FCHECK(fault::one_of(-r, {FI_ENOMEM, FI_EMFILE, ENFILE}), "fi_cntr_open = %d (%s)", r, fi_strerror(-r));
+          FCHECK(cn == reinterpret_cast<fid_cntr*>(0x1), "*cntr not written on error");
+          const int r2 = fi_cntr_open(dom, &a, &cn, nullptr);
+          FCHECK(r2 == 0, "fi_cntr_open once the fault is gone = %d", r2);
+          if (r2 != 0) return {pts, true};
+          FCHECK(compcntr_fi_cntr_comp_cntr(cn) != nullptr, "hooked again once the fault is gone");
+        }
+        // Hooked, or left to the provider: it counts, waits and closes either way.
+        FCHECK(fi_cntr_add(cn, 2) == 0 && fi_cntr_read(cn) == 2, "the counter counts");
+        if (w != FI_WAIT_NONE) FCHECK(fi_cntr_wait(cn, 2, 0) == 0, "fi_cntr_wait at the threshold");
+        FCHECK(fi_close(&cn->fid) == 0, "fi_close");
+        return {pts, r != 0};
+      });
+    }
+    cntr_works(dom, FI_WAIT_UNSPEC, true);  // nothing a fault did stays behind
+    fi_close(&dom->fid);
+  } else {
+    FCHECK(false, "fi_domain under the hook without faults");
+  }
+  fi_close(&fab->fid);
+  fi_freeinfo(info);
+  fi_freeinfo(hints);
+}
+#endif
+
 void check_family(const char* name, void (*fn)()) {
   const fault::totals t = fault::run_family(name, fn);
   add(t);
+  std::printf("fault: family %s: %ld scenarios, %ld injection points, %ld runs with a fault, %ld failures\n", name,
+              t.scenarios, t.points, t.runs, t.failures);
+  std::fflush(stdout);
   CHECK_MESSAGE(t.failures == 0, name << ": " << t.failures << " failure(s), see the log");
 }
 
@@ -770,7 +1049,10 @@ TEST_CASE("fault: completion tracker") { check_family("tracker", family_tracker)
 TEST_CASE("fault: QPs and MRs") { check_family("qp", family_qp); }
 TEST_CASE("fault: low RLIMIT_NOFILE") { check_family("rlimit", family_rlimit); }
 #if COMPCNTR_FAULT_FABRIC
-TEST_CASE("fault: libfabric adapter and bridge") { check_family("fabric", family_fabric); }
+TEST_CASE("fault: libfabric adapter, bridge and mirror") { check_family("fabric", family_fabric); }
+#endif
+#ifdef COMPCNTR_FAULT_HOOK_DIR
+TEST_CASE("fault: the hook provider (FI_HOOK=compcntr)") { check_family("hook", family_hook); }
 #endif
 TEST_CASE("fault: totals") {
   std::printf("fault: %ld scenarios, %ld injection points, %ld runs with a fault (%ld refused with a "

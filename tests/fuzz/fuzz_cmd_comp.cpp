@@ -149,7 +149,8 @@ void op_counter(FuzzedDataProvider& in, state& s) {
     if (s.c.size() >= 16) return;
     const int d = in.ConsumeIntegralInRange<int>(0, 7) == 0;
     compcntr_comp_cntr_init_attr a{};
-    FUZZ_TRACE("c%zu = create_comp_cntr(dev%d)", s.c.size(), d);
+    const std::uint32_t stripes = fuzz::maybe_striped(in, a);
+    FUZZ_TRACE("c%zu = create_comp_cntr(dev%d, stripes %u)", s.c.size(), d, stripes);
     errno = 0;
     compcntr_comp_cntr* cc = compcntr_create_comp_cntr(devices[d].dev, &a);
     FUZZ_PTR("create_comp_cntr", cc, errno, 0);

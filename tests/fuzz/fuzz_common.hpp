@@ -205,6 +205,16 @@ inline bool numa_node_exists(compcntr_device* dev, int node) {
   return known[node] == 1;
 }
 
+/// Sometimes a striped counter (compcntr.h: the STRIPES comp_mask bit): every call a harness
+/// makes on a plain counter must behave the same on a striped one (docs/counters.md).
+inline std::uint32_t maybe_striped(FuzzedDataProvider& in, compcntr_comp_cntr_init_attr& a) {
+  static const std::uint32_t choice[] = {2, 4, 16, COMPCNTR_COMP_CNTR_STRIPES_PER_CPU};
+  if (in.ConsumeIntegralInRange<int>(0, 3) != 0) return 0;
+  a.comp_mask |= COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
+  a.stripes = choice[in.ConsumeIntegralInRange<int>(0, 3)];
+  return a.stripes;
+}
+
 }  // namespace fuzz
 
 #endif

@@ -1,6 +1,8 @@
 // Fuzz harness: devices and counters (compcntr.h), waits with timeout 0, poll over random
 // counter sets, pollable fds (wait.h), against a reference model of semantics.md section 1/5,
-// docs/counters.md, docs/devices.md and docs/wait.md.
+// docs/counters.md, docs/devices.md and docs/wait.md. Striped counters (the STRIPES comp_mask
+// bit) go through every call a plain counter does; wait_comp_cntr_since and
+// comp_cntr_arm_fd_threshold are modelled too.
 //
 // Model: per counter its completion and error values (mod 2^64), type, device, fd state.
 // Checked after every call: return value, errno of constructors, every live counter's values,
@@ -24,8 +26,11 @@ struct model_counter {
   std::uint32_t type = 0;
   std::uint64_t comp = 0, err = 0;
   int fd = -1;
-  bool armed = false;    // arm_fd since the last read of the fd
-  bool touched = false;  // an update since the arm
+  bool armed = false;    // arm_fd / arm_fd_threshold since the last read of the fd
+  bool touched = false;  // plain arm: an update since it; threshold arm: its condition was met
+  bool thr_arm = false;  // the arm was arm_fd_threshold(thr), with err0 the error count then
+  std::uint64_t thr = 0, err0 = 0;
+  std::uint32_t stripes = 0;  // as requested (0: a plain counter)
 };
 
 constexpr int max_counters_model = 40;
@@ -54,8 +59,12 @@ void check_values(const state& s) {
   }
 }
 
+// After an update (the model's values already changed): a plain arm fires on any update; a
+// threshold arm once the completion count is >= its threshold or the error count differs from
+// its value at the arm (wait.h). Readiness, once due, stays until the fd is read or re-armed.
 void touch(model_counter& m) {
-  if (m.armed) m.touched = true;
+  if (!m.armed) return;
+  if (!m.thr_arm || m.comp >= m.thr || m.err != m.err0) m.touched = true;
 }
 
 // The fd must be readable when an update followed an arm ("readiness may be spurious, never
@@ -81,7 +90,8 @@ void op_create(FuzzedDataProvider& in, state& s) {
   const bool null_attr = in.ConsumeIntegralInRange<int>(0, 31) == 0;
   compcntr_comp_cntr_init_attr a{};
   const int shape = in.ConsumeIntegralInRange<int>(0, 15);
-  a.comp_mask = shape == 0 ? in.ConsumeIntegral<std::uint32_t>() : (shape < 4 ? 1u : 0u);
+  a.comp_mask = shape == 0 ? in.ConsumeIntegral<std::uint32_t>()
+                           : (shape < 4 ? 1u : (shape < 7 ? 2u : (shape == 7 ? 3u : 0u)));
   const std::uint32_t type = in.ConsumeIntegralInRange<int>(0, 15) == 0
                                  ? in.ConsumeIntegral<std::uint32_t>()
                                  : in.ConsumeIntegralInRange<std::uint32_t>(0, 1);
@@ -89,12 +99,18 @@ void op_create(FuzzedDataProvider& in, state& s) {
   a.flags = in.ConsumeIntegralInRange<int>(0, 15) == 0 ? in.ConsumeIntegral<std::uint32_t>() : 0;
   a.numa_node = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? in.ConsumeIntegral<std::int32_t>()
                                                           : in.ConsumeIntegralInRange<int>(-1, 1);
-  FUZZ_TRACE("create_comp_cntr(dev%d%s, %s{mask 0x%x type %u flags 0x%x node %d})", d,
+  static const std::uint32_t stripe_choice[] = {0, 1, 2, 3, 4, 8, 255, 256, 257, COMPCNTR_COMP_CNTR_STRIPES_PER_CPU};
+  a.stripes = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<std::uint32_t>()
+                                                        : stripe_choice[in.ConsumeIntegralInRange<int>(0, 9)];
+  const bool striped_bit = (a.comp_mask & COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES) != 0;
+  FUZZ_TRACE("create_comp_cntr(dev%d%s, %s{mask 0x%x type %u flags 0x%x node %d stripes %u})", d,
              dev ? "" : "=NULL", null_attr ? "NULL " : "", a.comp_mask, type, a.flags,
-             a.numa_node);
+             a.numa_node, a.stripes);
   int want = 0;
-  if (!dev || null_attr || (a.comp_mask & ~1u) || a.flags != 0 || type > 1)
+  if (!dev || null_attr || (a.comp_mask & ~3u) || a.flags != 0 || type > 1)
     want = EINVAL;
+  else if (striped_bit && a.stripes > 256 && a.stripes != COMPCNTR_COMP_CNTR_STRIPES_PER_CPU)
+    want = EINVAL;  // compcntr.h: at most 256 stripes (or one per CPU)
   else if ((a.comp_mask & 1u) && !fuzz::numa_node_exists(devices[0].dev, a.numa_node))
     want = EINVAL;
   else if (static_cast<std::uint32_t>(s.live_on(d)) >= devices[d].max_counters)
@@ -120,6 +136,7 @@ void op_create(FuzzedDataProvider& in, state& s) {
   m.cc = cc;
   m.dev = d;
   m.type = type;
+  m.stripes = striped_bit ? a.stripes : 0;
   s.c.push_back(m);
 }
 
@@ -196,10 +213,33 @@ void op_wait(FuzzedDataProvider& in, state& s) {
   int i;
   compcntr_comp_cntr* cc = pick(in, s, &i);
   const std::uint64_t thr = edgy_u64(in);
-  const int form = in.ConsumeIntegralInRange<int>(0, 2);
+  const int form = in.ConsumeIntegralInRange<int>(0, 4);
   compcntr_wait_attr a;
   bool attr_ok = true;
   int r;
+  if (form >= 3) {
+    // wait_comp_cntr_since: EIO when the error count differs from errors_seen at the first
+    // check, unless the threshold is reached (it wins); attr NULL or random.
+    std::uint64_t seen = 0;
+    if (cc) {
+      const std::uint64_t e = s.c[static_cast<std::size_t>(i)].err;
+      seen = in.ConsumeBool() ? e : (in.ConsumeBool() ? e + in.ConsumeIntegralInRange<int>(-1, 1) : edgy_u64(in));
+    }
+    const bool with_attr = form == 4;
+    if (with_attr) attr_ok = random_wait_attr(in, a);
+    FUZZ_TRACE("wait_comp_cntr_since(c%d, %" PRIu64 ", seen %" PRIu64 ", 0, %s)", i, thr, seen,
+               with_attr ? "attr" : "NULL");
+    r = compcntr_wait_comp_cntr_since(cc, thr, seen, 0, with_attr ? &a : nullptr);
+    int want;
+    if (!cc || !attr_ok)
+      want = EINVAL;
+    else {
+      const model_counter& m = s.c[static_cast<std::size_t>(i)];
+      want = m.comp >= thr ? 0 : (m.err != seen ? EIO : ETIMEDOUT);
+    }
+    FUZZ_RC("wait_comp_cntr_since", r, want);
+    return;
+  }
   if (form == 0) {
     FUZZ_TRACE("wait_comp_cntr(c%d, %" PRIu64 ", 0)", i, thr);
     r = compcntr_wait_comp_cntr(cc, thr, 0);
@@ -301,6 +341,26 @@ void op_arm_fd(FuzzedDataProvider& in, state& s) {
     model_counter& m = s.c[static_cast<std::size_t>(i)];
     m.armed = true;
     m.touched = false;
+    m.thr_arm = false;
+  }
+}
+
+void op_arm_fd_threshold(FuzzedDataProvider& in, state& s) {
+  int i;
+  compcntr_comp_cntr* cc = pick(in, s, &i);
+  std::uint64_t thr = edgy_u64(in);
+  if (cc && in.ConsumeBool())  // near the value: reached at the arm, or by the next increment
+    thr = s.c[static_cast<std::size_t>(i)].comp + in.ConsumeIntegralInRange<int>(-1, 2);
+  FUZZ_TRACE("comp_cntr_arm_fd_threshold(c%d, %" PRIu64 ")", i, thr);
+  const int want = !cc || s.c[static_cast<std::size_t>(i)].fd < 0 ? EINVAL : 0;
+  FUZZ_RC("comp_cntr_arm_fd_threshold", compcntr_comp_cntr_arm_fd_threshold(cc, thr), want);
+  if (want == 0) {
+    model_counter& m = s.c[static_cast<std::size_t>(i)];
+    m.armed = true;
+    m.thr_arm = true;
+    m.thr = thr;
+    m.err0 = m.err;
+    m.touched = m.comp >= thr;  // already reached: readable on return
   }
 }
 
@@ -370,8 +430,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FuzzedDataProvider in(data, size);
   state s;
   for (int steps = 0; steps < 400 && in.remaining_bytes() > 0; ++steps) {
-    switch (in.ConsumeIntegralInRange<int>(0, 15)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 17)) {
       case 0: case 1: op_create(in, s); break;
+      case 16: op_arm_fd_threshold(in, s); break;
+      case 17: op_read_fd(in, s); break;
       case 2: op_destroy(in, s); break;
       case 3: op_update(in, s, 0); break;
       case 4: op_update(in, s, 1); break;

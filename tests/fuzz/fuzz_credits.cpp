@@ -1,7 +1,10 @@
 // Fuzz harness: credit tracking (credits.h) against a reference model of semantics.md section 7
 // and docs/credits.md: create (shape limits, room in the pool), acquire / flush with timeout 0
 // and random wait attributes, release, outstanding, the peer counters (read, inc, set, destroy
-// EBUSY, wait), destroy, close_device EBUSY, all with modular (wrap-around) counts.
+// EBUSY, wait), destroy, close_device EBUSY, all with modular (wrap-around) counts; windows per
+// peer (credits_create_per_peer), trackers over the caller's counters (credits_adopt: issued
+// starts at their counts, EBUSY on destroy until the tracker goes, the counters stay the
+// caller's), and the raw counts (credits_issued / completed / window).
 //
 // Model per tracker and peer: issued (mod 2^64) and the counter's completion and error values.
 // outstanding = issued - (completions + errors) mod 2^64; above 2^63 - 1 the counts are
@@ -24,20 +27,26 @@ constexpr bool credits_2_62_fixed = true;
 
 struct peer {
   std::uint64_t issued = 0, comp = 0, err = 0;
+  std::uint64_t window = 0;
   compcntr_comp_cntr* cc = nullptr;
+  int plain = -1;  // adopted: index of the caller's counter in state::plain
 };
 
 struct tracker {
   compcntr_credits* cr;
   int dev;
-  std::uint64_t credits;
+  std::uint64_t credits;  // the largest window (what pick_n aims near)
   std::vector<peer> p;
   bool live = true;
+  bool adopted = false;
 };
 
 struct plain_counter {
   compcntr_comp_cntr* cc;
   int dev;
+  bool bytes = false;
+  std::uint64_t comp = 0, err = 0;  // while not adopted (an adopted one's are in its peer)
+  int adopted_by = -1;              // index of the live tracker holding it
 };
 
 struct state {
@@ -45,7 +54,8 @@ struct state {
   std::vector<plain_counter> plain;
   std::uint32_t live_counters(int d) const {
     std::uint32_t n = 0;
-    for (const auto& x : t) n += x.live && x.dev == d ? static_cast<std::uint32_t>(x.p.size()) : 0;
+    for (const auto& x : t)
+      n += x.live && !x.adopted && x.dev == d ? static_cast<std::uint32_t>(x.p.size()) : 0;
     for (const auto& x : plain) n += x.dev == d;
     return n;
   }
@@ -127,6 +137,7 @@ void op_create(FuzzedDataProvider& in, state& s) {
   if (!cr) return;
   tracker x{cr, d, credits, std::vector<peer>(npeers)};
   for (std::uint32_t i = 0; i < npeers; ++i) {
+    x.p[i].window = credits;
     errno = 0;
     x.p[i].cc = compcntr_credits_counter(cr, i);
     FUZZ_PTR("credits_counter", x.p[i].cc, errno, 0);
@@ -136,6 +147,132 @@ void op_create(FuzzedDataProvider& in, state& s) {
     FUZZ_TRUE(x.p[i].cc->context == devices[d].dev, "peer counters belong to the device");
   }
   s.t.push_back(std::move(x));
+}
+
+std::uint64_t pick_window(FuzzedDataProvider& in) {
+  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+    case 0: return max_credits + in.ConsumeIntegralInRange<int>(-1, 1);
+    case 1: return edgy_u64(in);
+    default: return in.ConsumeIntegralInRange<std::uint64_t>(0, 6);
+  }
+}
+
+void op_create_per_peer(FuzzedDataProvider& in, state& s) {
+  if (s.t.size() >= 8) return;
+  const int d = in.ConsumeIntegralInRange<int>(0, ndev - 1);
+  const bool null_dev = in.ConsumeIntegralInRange<int>(0, 31) == 0;
+  const bool null_windows = in.ConsumeIntegralInRange<int>(0, 31) == 0;
+  const std::uint32_t npeers = in.ConsumeIntegralInRange<std::uint32_t>(0, 11);
+  std::vector<std::uint64_t> w(npeers);
+  bool bad_window = false;
+  std::uint64_t maxw = 0;
+  for (auto& x : w) {
+    x = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? pick_window(in) : in.ConsumeIntegralInRange<std::uint64_t>(1, 6);
+    bad_window |= x == 0 || x > max_credits;
+    maxw = std::max(maxw, x);
+  }
+  FUZZ_TRACE("t%zu = credits_create_per_peer(dev%d%s, %u, %s, max window %" PRIu64 "%s)", s.t.size(), d,
+             null_dev ? "=NULL" : "", npeers, null_windows ? "NULL" : "windows", maxw,
+             bad_window ? ", a bad window" : "");
+  int want = 0;
+  if (null_dev || null_windows || npeers == 0 || bad_window)
+    want = EINVAL;
+  else if (npeers > devices[d].max_counters - std::min(devices[d].max_counters, s.live_counters(d)))
+    want = ENOMEM;
+  errno = 0;
+  compcntr_credits* cr = compcntr_credits_create_per_peer(null_dev ? nullptr : devices[d].dev, npeers,
+                                                          null_windows ? nullptr : w.data());
+  FUZZ_PTR("credits_create_per_peer", cr, errno, want);
+  if (!cr) return;
+  tracker x{cr, d, maxw, std::vector<peer>(npeers)};
+  for (std::uint32_t i = 0; i < npeers; ++i) {
+    x.p[i].window = w[i];
+    errno = 0;
+    x.p[i].cc = compcntr_credits_counter(cr, i);
+    FUZZ_PTR("credits_counter", x.p[i].cc, errno, 0);
+    FUZZ_TRUE(x.p[i].cc->context == devices[d].dev, "peer counters belong to the device");
+  }
+  s.t.push_back(std::move(x));
+}
+
+// Adopt: the caller's counters (plain ones, some of another device, BYTES, NULL, repeated).
+void op_adopt(FuzzedDataProvider& in, state& s) {
+  if (s.t.size() >= 8) return;
+  const int d = in.ConsumeIntegralInRange<int>(0, ndev - 1);
+  const bool null_dev = in.ConsumeIntegralInRange<int>(0, 31) == 0;
+  const bool null_ccs = in.ConsumeIntegralInRange<int>(0, 31) == 0;
+  const bool null_windows = in.ConsumeIntegralInRange<int>(0, 31) == 0;
+  const std::uint32_t npeers = in.ConsumeIntegralInRange<std::uint32_t>(0, 5);
+  std::vector<compcntr_comp_cntr*> ccs(npeers);
+  std::vector<int> idx(npeers, -1);
+  std::vector<std::uint64_t> w(npeers);
+  bool bad = false, busy = false;
+  std::uint64_t maxw = 0;
+  for (std::uint32_t i = 0; i < npeers; ++i) {
+    if (!s.plain.empty() && in.ConsumeIntegralInRange<int>(0, 15) != 0) {
+      idx[i] = in.ConsumeIntegralInRange<int>(0, static_cast<int>(s.plain.size()) - 1);
+      const plain_counter& c = s.plain[static_cast<std::size_t>(idx[i])];
+      ccs[i] = c.cc;
+      bad |= c.dev != d || c.bytes;
+      busy |= c.adopted_by >= 0;
+      for (std::uint32_t j = 0; j < i; ++j) bad |= idx[j] == idx[i];
+    } else {
+      bad = true;  // a NULL element
+    }
+    w[i] = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? pick_window(in) : in.ConsumeIntegralInRange<std::uint64_t>(1, 6);
+    bad |= w[i] == 0 || w[i] > max_credits;
+    maxw = std::max(maxw, w[i]);
+  }
+  // A counter another live tracker holds: not named by credits.h; not asked.
+  if (busy) return;
+  FUZZ_TRACE("t%zu = credits_adopt(dev%d%s, %s, %u, %s, max window %" PRIu64 "%s)", s.t.size(), d,
+             null_dev ? "=NULL" : "", null_ccs ? "NULL" : "ccs", npeers, null_windows ? "NULL" : "windows",
+             maxw, bad ? ", a bad element" : "");
+  const int want = null_dev || null_ccs || null_windows || npeers == 0 || bad ? EINVAL : 0;
+  errno = 0;
+  compcntr_credits* cr = compcntr_credits_adopt(null_dev ? nullptr : devices[d].dev,
+                                                null_ccs ? nullptr : ccs.data(), npeers,
+                                                null_windows ? nullptr : w.data());
+  FUZZ_PTR("credits_adopt", cr, errno, want);
+  if (!cr) return;
+  tracker x{cr, d, maxw, std::vector<peer>(npeers)};
+  x.adopted = true;
+  for (std::uint32_t i = 0; i < npeers; ++i) {
+    plain_counter& c = s.plain[static_cast<std::size_t>(idx[i])];
+    peer& p = x.p[i];
+    p.window = w[i];
+    p.cc = c.cc;
+    p.plain = idx[i];
+    p.comp = c.comp;
+    p.err = c.err;
+    p.issued = c.comp + c.err;  // what it counted before is not outstanding
+    c.adopted_by = static_cast<int>(s.t.size());
+    errno = 0;
+    FUZZ_TRUE(compcntr_credits_counter(cr, i) == c.cc, "credits_counter of an adopted peer is the caller's counter");
+  }
+  s.t.push_back(std::move(x));
+}
+
+void op_raw_counts(FuzzedDataProvider& in, state& s) {
+  const int ti = pick_tracker(in, s);
+  tracker* x = ti >= 0 ? &s.t[static_cast<std::size_t>(ti)] : nullptr;
+  const std::uint32_t pi = pick_peer(in, x);
+  const bool null_out = in.ConsumeIntegralInRange<int>(0, 15) == 0;
+  FUZZ_TRACE("credits_issued/completed/window(t%d, peer %u%s)", ti, pi, null_out ? ", NULL" : "");
+  compcntr_credits* cr = x ? x->cr : nullptr;
+  std::uint64_t is = 7, co = 7, wi = 7;
+  const int r1 = compcntr_credits_issued(cr, pi, null_out ? nullptr : &is);
+  const int r2 = compcntr_credits_completed(cr, pi, null_out ? nullptr : &co);
+  const int r3 = compcntr_credits_window(cr, pi, null_out ? nullptr : &wi);
+  const int want = !x || null_out || pi >= x->p.size() ? EINVAL : 0;
+  FUZZ_RC("credits_issued", r1, want);
+  FUZZ_RC("credits_completed", r2, want);
+  FUZZ_RC("credits_window", r3, want);
+  if (want != 0) return;
+  const peer& p = x->p[pi];
+  FUZZ_EQ(is, p.issued, "credits_issued");
+  FUZZ_EQ(co, p.comp + p.err, "credits_completed (completions + errors)");
+  FUZZ_EQ(wi, p.window, "credits_window");
 }
 
 void op_acquire(FuzzedDataProvider& in, state& s) {
@@ -152,13 +289,13 @@ void op_acquire(FuzzedDataProvider& in, state& s) {
   const int r = form == 0 ? compcntr_credits_acquire(cr, pi, n, 0)
                           : compcntr_credits_acquire_ex(cr, pi, n, 0, form == 1 ? nullptr : &a);
   int want;
-  if (!x || !attr_ok || pi >= x->p.size() || n == 0 || n > x->credits) {
+  if (!x || !attr_ok || pi >= x->p.size() || n == 0 || n > x->p[pi].window) {
     want = EINVAL;
   } else {
     peer& p = x->p[pi];
     if (inconsistent(p))
       want = EOVERFLOW;
-    else if (outstanding(p) + n > x->credits)
+    else if (outstanding(p) + n > p.window)
       want = ETIMEDOUT;
     else
       want = 0;
@@ -174,7 +311,7 @@ void op_release(FuzzedDataProvider& in, state& s) {
   const std::uint64_t n = pick_n(in, x);
   FUZZ_TRACE("credits_release(t%d, peer %u, %" PRIu64 ")", ti, pi, n);
   int want;
-  if (!x || pi >= x->p.size() || n == 0 || n > x->credits) {
+  if (!x || pi >= x->p.size() || n == 0 || n > x->p[pi].window) {
     want = EINVAL;
   } else {
     peer& p = x->p[pi];
@@ -280,24 +417,53 @@ void op_destroy(FuzzedDataProvider& in, state& s) {
   FUZZ_TRACE("credits_destroy(t%d)", ti);
   FUZZ_RC("credits_destroy", compcntr_credits_destroy(ti >= 0 ? s.t[static_cast<std::size_t>(ti)].cr : nullptr),
           ti >= 0 ? 0 : EINVAL);
-  if (ti >= 0) s.t[static_cast<std::size_t>(ti)].live = false;
+  if (ti < 0) return;
+  tracker& x = s.t[static_cast<std::size_t>(ti)];
+  x.live = false;
+  if (x.adopted)
+    for (const peer& p : x.p) {
+      plain_counter& c = s.plain[static_cast<std::size_t>(p.plain)];
+      c.comp = p.comp;
+      c.err = p.err;
+      c.adopted_by = -1;
+      // The counter stays the caller's and keeps its values.
+      std::uint64_t v, e;
+      FUZZ_RC("read_comp_cntr", compcntr_read_comp_cntr(c.cc, &v), 0);
+      FUZZ_RC("read_err_comp_cntr", compcntr_read_err_comp_cntr(c.cc, &e), 0);
+      FUZZ_EQ(v, c.comp, "an adopted counter after credits_destroy");
+      FUZZ_EQ(e, c.err, "an adopted counter's errors after credits_destroy");
+    }
 }
 
 void op_misc(FuzzedDataProvider& in, state& s) {
   const int d = in.ConsumeIntegralInRange<int>(0, ndev - 1);
   if (in.ConsumeBool()) {
     // Plain counters take room in the pool the trackers need (ENOMEM at create).
-    if (s.plain.size() < 16 && s.live_counters(d) < devices[d].max_counters) {
+    if (s.plain.size() < 16 && s.live_counters(d) < devices[d].max_counters && in.ConsumeBool()) {
       compcntr_comp_cntr_init_attr a{};
-      FUZZ_TRACE("create_comp_cntr(dev%d)", d);
+      const bool bytes = in.ConsumeIntegralInRange<int>(0, 7) == 0;
+      if (bytes) a.type = COMPCNTR_COMP_CNTR_TYPE_BYTES;
+      FUZZ_TRACE("p%zu = create_comp_cntr(dev%d%s)", s.plain.size(), d, bytes ? ", BYTES" : "");
       errno = 0;
       compcntr_comp_cntr* cc = compcntr_create_comp_cntr(devices[d].dev, &a);
       FUZZ_PTR("create_comp_cntr", cc, errno, 0);
-      s.plain.push_back(plain_counter{cc, d});
+      plain_counter c{cc, d};
+      c.bytes = bytes;
+      s.plain.push_back(c);
+    } else if (!s.plain.empty() && in.ConsumeBool()) {
+      // Counts on a counter not (yet) adopted: an adopt starts issued at them.
+      plain_counter& c = s.plain[in.ConsumeIntegralInRange<std::size_t>(0, s.plain.size() - 1)];
+      if (c.adopted_by >= 0) return;
+      const std::uint64_t v = in.ConsumeIntegralInRange<std::uint64_t>(0, 5);
+      const bool err = in.ConsumeBool();
+      FUZZ_TRACE("inc%s_comp_cntr(plain, %" PRIu64 ")", err ? "_err" : "", v);
+      FUZZ_RC("inc_comp_cntr", err ? compcntr_inc_err_comp_cntr(c.cc, v) : compcntr_inc_comp_cntr(c.cc, v), 0);
+      (err ? c.err : c.comp) += v;
     } else if (!s.plain.empty()) {
-      FUZZ_TRACE("destroy_comp_cntr(plain)");
-      FUZZ_RC("destroy_comp_cntr", compcntr_destroy_comp_cntr(s.plain.back().cc), 0);
-      s.plain.pop_back();
+      const bool held = s.plain.back().adopted_by >= 0;
+      FUZZ_TRACE("destroy_comp_cntr(plain p%zu%s)", s.plain.size() - 1, held ? ", adopted" : "");
+      FUZZ_RC("destroy_comp_cntr", compcntr_destroy_comp_cntr(s.plain.back().cc), held ? EBUSY : 0);
+      if (!held) s.plain.pop_back();
     }
     return;
   }
@@ -317,8 +483,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FuzzedDataProvider in(data, size);
   state s;
   for (int steps = 0; steps < 300 && in.remaining_bytes() > 0; ++steps) {
-    switch (in.ConsumeIntegralInRange<int>(0, 15)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 18)) {
       case 0: case 1: op_create(in, s); break;
+      case 16: op_create_per_peer(in, s); break;
+      case 17: op_adopt(in, s); break;
+      case 18: op_raw_counts(in, s); break;
       case 2: case 3: case 4: op_acquire(in, s); break;
       case 5: case 6: op_release(in, s); break;
       case 7: op_flush(in, s); break;

@@ -224,7 +224,8 @@ void op_counter(FuzzedDataProvider& in, state& s) {
     const bool bytes = in.ConsumeBool();
     compcntr_comp_cntr_init_attr a{};
     a.type = bytes ? COMPCNTR_COMP_CNTR_TYPE_BYTES : COMPCNTR_COMP_CNTR_TYPE_WRS;
-    FUZZ_TRACE("c%zu = create_comp_cntr(dev%d, %s)", s.c.size(), d, bytes ? "BYTES" : "WRS");
+    const std::uint32_t stripes = fuzz::maybe_striped(in, a);
+    FUZZ_TRACE("c%zu = create_comp_cntr(dev%d, %s, stripes %u)", s.c.size(), d, bytes ? "BYTES" : "WRS", stripes);
     errno = 0;
     compcntr_comp_cntr* cc = compcntr_create_comp_cntr(devices[d].dev, &a);
     FUZZ_PTR("create_comp_cntr", cc, errno, 0);

@@ -70,7 +70,8 @@ void op_counter(FuzzedDataProvider& in, state& s) {
     const bool bytes = in.ConsumeIntegralInRange<int>(0, 7) == 0;
     compcntr_comp_cntr_init_attr a{};
     a.type = bytes ? COMPCNTR_COMP_CNTR_TYPE_BYTES : COMPCNTR_COMP_CNTR_TYPE_WRS;
-    FUZZ_TRACE("c%zu = create_comp_cntr(%s)", s.c.size(), bytes ? "BYTES" : "WRS");
+    const std::uint32_t stripes = fuzz::maybe_striped(in, a);
+    FUZZ_TRACE("c%zu = create_comp_cntr(%s, stripes %u)", s.c.size(), bytes ? "BYTES" : "WRS", stripes);
     errno = 0;
     compcntr_comp_cntr* cc = compcntr_create_comp_cntr(device.dev, &a);
     FUZZ_PTR("create_comp_cntr", cc, errno, 0);

@@ -73,7 +73,7 @@ docs() { printf '%s\n' "usr/share/doc/$1/changelog.gz" "usr/share/doc/$1/copyrig
   echo usr/share/compcntr/modules/modules.list
   sed -n 's/^compcntr[:a-z_]* \(.*\)$/usr\/share\/compcntr\/modules\/\1/p' \
     "$root/usr/share/compcntr/modules/modules.list"
-  # One man page (or link) per function of the packaged C headers, and the overview.
+  # One man page (or link) per exported function of the packaged C headers, and the overview.
   for h in "$root"/usr/include/compcntr/*.h; do
     "$cc" -x c -std=c11 -fsyntax-only -Xclang -ast-dump=json -I "$root/usr/include" "$h" |
       python3 -c '
@@ -82,7 +82,13 @@ cur = None
 for n in json.load(sys.stdin).get("inner", []):
     loc = n.get("loc", {}); loc = loc.get("expansionLoc", loc)
     if "file" in loc: cur = loc["file"]
-    if n.get("kind") == "FunctionDecl" and cur and "/compcntr/" in cur: print(n["name"])'
+    # static inline fast paths have no page of their own (their exported twins do); neither
+    # have compcntr_priv_* (internal slow paths the inline ones call), nor the builtins they use
+    # (implicit declarations): as in suite man.
+    if (n.get("kind") == "FunctionDecl" and cur and "/compcntr/" in cur
+            and not n.get("isImplicit") and n.get("storageClass") != "static"
+            and not n["name"].startswith("compcntr_priv_")):
+        print(n["name"])'
   done | sort -u | sed 's|^\(.*\)$|usr/share/man/man3/\1.3.gz|'
   echo usr/share/man/man7/compcntr.7.gz
   docs libcompcntr-dev

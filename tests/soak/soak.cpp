@@ -5,18 +5,21 @@
 // Threads (each counts its operations and the invariant checks it made):
 //   inc workers   increment random counters of the 256 "inc" counters (and the error counts of
 //                 every fourth) and remember what they added: at the end every counter must
-//                 equal the sum of what was added to it (no lost increment).
+//                 equal the sum of what was added to it (no lost increment). One in eight of
+//                 them (and of the set counters) is striped: every thread below uses those too.
 //   reader        reads the inc counters: a value never moves backwards (they are never set).
 //   setter/seq    32 counters incremented and set by one thread that brackets every set with a
 //                 sequence number (seqlock); a reader checks a value moves backwards only
 //                 across a set.
-//   waiters       wait_comp_cntr with thresholds just ahead and timeouts 0..20 ms: 0 only with
+//   waiters       wait_comp_cntr (or wait_comp_cntr_since with the error count read before the
+//                 threshold was chosen) with thresholds just ahead and timeouts 0..20 ms: 0 only with
 //                 the value reached, ETIMEDOUT never early (nor more than 2 s late), EIO only on
 //                 counters whose error count changed during the wait.
 //   poller        poll_comp_cntrs over random sets of 1..40 counters: the index returned has
 //                 reached its threshold, EIO only with errors, ETIMEDOUT never early.
-//   fd watcher    arms the pollable fds of 8 counters: an update after the arm always makes the
-//                 fd readable (poll/epoll), never missed.
+//   fd watcher    arms the pollable fds of 8 counters (arm_fd, or arm_fd_threshold a little
+//                 ahead): an update after the arm (a threshold reached) always makes the fd
+//                 readable (poll/epoll), never missed.
 //   churn         creates and destroys counters (some with fds): new counters start at 0/0.
 //   cmd_comp      batches of async queries of inc counters: every wr_id answered once, in order,
 //                 each answer between the values read before the issue and after the collection.
@@ -134,9 +137,18 @@ std::uint64_t rd_err(compcntr_comp_cntr* c) {
   return v;
 }
 
-compcntr_comp_cntr* make_counter(compcntr_comp_cntr_type type = COMPCNTR_COMP_CNTR_TYPE_WRS) {
+// Striped counters among the inc and set counters: one in eight (index % 8 == 5), per CPU or 4.
+bool striped(int i) { return i % 8 == 5; }
+std::uint32_t stripes_of(int i) { return !striped(i) ? 0 : (i % 16 == 5 ? COMPCNTR_COMP_CNTR_STRIPES_PER_CPU : 4); }
+
+compcntr_comp_cntr* make_counter(compcntr_comp_cntr_type type = COMPCNTR_COMP_CNTR_TYPE_WRS,
+                                 std::uint32_t stripes = 0) {
   compcntr_comp_cntr_init_attr a{};
   a.type = type;
+  if (stripes) {
+    a.comp_mask = COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
+    a.stripes = stripes;
+  }
   compcntr_comp_cntr* c = compcntr_create_comp_cntr(dev, &a);
   if (!c) {
     std::fprintf(stderr, "soak: create_comp_cntr: %s\n", compcntr_last_error_message());
@@ -253,7 +265,9 @@ void waiter(unsigned seed) {
     const std::uint64_t e0 = rd_err(inc_c[i]);
     const std::uint64_t thr = rd(inc_c[i]) + 1 + rng() % 64;
     const auto t0 = clk::now();
-    const int r = compcntr_wait_comp_cntr(inc_c[i], thr, t);
+    const bool since = rng() % 2 == 0;
+    const int r = since ? compcntr_wait_comp_cntr_since(inc_c[i], thr, e0, t, nullptr)
+                        : compcntr_wait_comp_cntr(inc_c[i], thr, t);
     const auto ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
     if (r == 0) {
       REQ(rd(inc_c[i]) >= thr, "wait returned 0 below its threshold");
@@ -312,12 +326,18 @@ void fd_watcher() {
   for (unsigned round = 0; !stop.load(std::memory_order_relaxed); ++round) {
     const int i = static_cast<int>(round % n_fd);
     compcntr_comp_cntr* c = inc_c[i * 3 + 1];
-    REQ(compcntr_comp_cntr_arm_fd(c) == 0, "arm_fd");
+    // Odd rounds of four: a threshold arm a little ahead of the value (readable once it is
+    // reached or the error count changes); else a plain arm (readable after any update).
+    const bool thr_arm = round % 4 >= 2;
+    const std::uint64_t e0 = rd_err(c);
+    const std::uint64_t thr = rd(c) + 1 + round % 32;
+    REQ((thr_arm ? compcntr_comp_cntr_arm_fd_threshold(c, thr) : compcntr_comp_cntr_arm_fd(c)) == 0, "arm_fd");
     const std::uint64_t v0 = rd(c);
-    // An update after the arm (the inc workers make them all the time).
+    // The arm's condition met after it (the inc workers update all the time).
+    auto met = [&] { return thr_arm ? rd(c) >= thr || rd_err(c) != e0 : rd(c) != v0; };
     const auto until = clk::now() + std::chrono::seconds(5);
-    while (rd(c) == v0 && clk::now() < until && !stop.load(std::memory_order_relaxed)) std::this_thread::yield();
-    if (rd(c) == v0) continue;  // stopping
+    while (!met() && clk::now() < until && !stop.load(std::memory_order_relaxed)) std::this_thread::yield();
+    if (!met()) continue;  // stopping
     bool ready;
     if (round % 2 == 0) {
       pollfd p{fds[i], POLLIN, 0};
@@ -614,8 +634,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "soak: open_device: %s\n", compcntr_last_error_message());
     return 1;
   }
-  for (auto& c : inc_c) c = make_counter();
-  for (auto& c : set_c) c = make_counter();
+  for (int i = 0; i < n_inc; ++i) inc_c[i] = make_counter(COMPCNTR_COMP_CNTR_TYPE_WRS, stripes_of(i));
+  for (int i = 0; i < n_set; ++i) set_c[i] = make_counter(COMPCNTR_COMP_CNTR_TYPE_WRS, stripes_of(i));
   setup_qps();
 
   std::vector<inc_worker> incs(static_cast<std::size_t>(workers));
@@ -699,8 +719,11 @@ int main(int argc, char** argv) {
 
   std::uint64_t ops = st_ops.checks.load();
   for (invariant* s : {&st_mono, &st_seq, &st_wait, &st_poll, &st_fd, &st_churn, &st_query, &st_qp, &st_quiet}) ops += s->checks.load();
-  std::printf("soak: %.1f s, %d threads, %d counters (+ churn): %" PRIu64 " operations (%.0f ops/s), %" PRIu64 " failures\n",
-              elapsed, nthreads, n_inc + n_set + n_fd, ops, ops / elapsed, failures.load());
+  int n_striped = 0;
+  for (int i = 0; i < n_inc; ++i) n_striped += striped(i);
+  for (int i = 0; i < n_set; ++i) n_striped += striped(i);
+  std::printf("soak: %.1f s, %d threads, %d counters (%d striped; + churn): %" PRIu64 " operations (%.0f ops/s), %" PRIu64 " failures\n",
+              elapsed, nthreads, n_inc + n_set + n_fd, n_striped, ops, ops / elapsed, failures.load());
   std::printf("soak: invariants checked:\n");
   for (invariant* s : {&st_lost, &st_mono, &st_seq, &st_wait, &st_poll, &st_fd, &st_churn, &st_query, &st_qp, &st_quiet, &st_fds})
     std::printf("  %-58s %" PRIu64 "\n", s->name, s->checks.load());
