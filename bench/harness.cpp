@@ -246,8 +246,17 @@ std::map<std::string, std::string> context::run_probe(const std::string& name,
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
+  // A probe inherits the spawning thread's CPU affinity, and the rows pin this thread: the
+  // probe gets every CPU this process started with (allowed_cpus), so that a two-process probe
+  // (P13) really runs on two CPUs (it ran both processes on CPU 0 before).
+  cpu_set_t mine, all;
+  CPU_ZERO(&all);
+  for (const int c : allowed_cpus()) CPU_SET(c, &all);
+  const bool restore = pthread_getaffinity_np(pthread_self(), sizeof mine, &mine) == 0 &&
+                       pthread_setaffinity_np(pthread_self(), sizeof all, &all) == 0;
   pid_t pid = 0;
   const int rc = posix_spawn(&pid, opt.self.c_str(), &fa, nullptr, argv.data(), environ);
+  if (restore) pthread_setaffinity_np(pthread_self(), sizeof mine, &mine);
   posix_spawn_file_actions_destroy(&fa);
   close(fds[1]);
   if (rc != 0) {

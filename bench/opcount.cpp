@@ -24,6 +24,11 @@
 #include <system_error>
 #include <vector>
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "harness.hpp"
 #include "rows/freelist.hpp"
 #include "rows/p11_c_loops.h"
@@ -119,6 +124,31 @@ __attribute__((noinline)) void opcount_raw_poll_timeout(const std::atomic<std::u
   }
 }
 
+/// P5's user-space halves (one call each; the kernel's part is not counted by callgrind): a
+/// forced-sleep wait that sleeps until another thread's update 200 ms later wakes it, and that
+/// update (an add() that finds a sleeper registered and calls FUTEX_WAKE); the same for
+/// libstdc++'s atomic<uint64_t>::wait / fetch_add + notify_one, and for P5's raw futex pair
+/// (fetch_add + FUTEX_WAKE_PRIVATE; load, compare, FUTEX_WAIT_PRIVATE on the low half).
+__attribute__((noinline)) void opcount_sleep_wait(const compcntr::counter& c) {
+  bench::keep(static_cast<std::uint64_t>(
+      compcntr::wait(c, 1, std::chrono::milliseconds(2000), {.spin = std::chrono::nanoseconds(0)})));
+}
+__attribute__((noinline)) void opcount_sleep_wake(compcntr::counter& c) { c.add(1); }
+__attribute__((noinline)) void opcount_atomic_wait(const std::atomic<std::uint64_t>& a) { a.wait(0); }
+__attribute__((noinline)) void opcount_atomic_wake(std::atomic<std::uint64_t>& a) {
+  a.fetch_add(1);
+  a.notify_one();
+}
+__attribute__((noinline)) void opcount_futex_wait(std::atomic<std::uint64_t>& a) {
+  const timespec ts{2, 0};
+  while (a.load(std::memory_order_acquire) < 1)
+    ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAIT_PRIVATE, 0u, &ts, nullptr, 0);
+}
+__attribute__((noinline)) void opcount_futex_wake(std::atomic<std::uint64_t>& a) {
+  a.fetch_add(1);
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
 }  // extern "C"
 
 namespace {
@@ -147,7 +177,7 @@ int main(int argc, char** argv) {
   const char* ops = "read raw_load add raw_add create_destroy create_destroy_one freelist_one "
                     "freelist_all c_read c_read_err c_inc c_inc_err c_wait_satisfied c_raw_load "
                     "c_raw_fetch_add c_create_destroy wait_poll wait_poll_timeout raw_poll "
-                    "raw_poll_timeout striped_add striped_read";
+                    "raw_poll_timeout striped_add striped_read sleep atomic_sleep futex_sleep";
   if (argc != 3) {
     std::fprintf(stderr, "usage: compcntr_opcount OP N   (OP: %s)\n", ops);
     return 2;
@@ -210,6 +240,12 @@ int main(int argc, char** argv) {
     const int ms = static_cast<int>(n);  // N is the waker's delay in ms for the poll ops
     poll_until_set([&] { op == "wait_poll" ? opcount_wait_poll(c) : opcount_wait_poll_timeout(c); },
                    [&] { c.add(1); }, ms);
+  } else if (op == "sleep") {  // N: the waker's delay in ms (the waiter is asleep by then)
+    poll_until_set([&] { opcount_sleep_wait(c); }, [&] { opcount_sleep_wake(c); }, static_cast<int>(n));
+  } else if (op == "atomic_sleep") {
+    poll_until_set([&] { opcount_atomic_wait(a); }, [&] { opcount_atomic_wake(a); }, static_cast<int>(n));
+  } else if (op == "futex_sleep") {
+    poll_until_set([&] { opcount_futex_wait(a); }, [&] { opcount_futex_wake(a); }, static_cast<int>(n));
   } else if (op == "raw_poll" || op == "raw_poll_timeout") {
     const int ms = static_cast<int>(n);
     poll_until_set([&] { op == "raw_poll" ? opcount_raw_poll(a) : opcount_raw_poll_timeout(a); },

@@ -46,7 +46,10 @@ std::string num(double v, int prec = 4) {
 /// A value with 3 significant digits but no exponent for the usual ranges.
 std::string human(double v) {
   char buf[64];
-  if (v >= 100) std::snprintf(buf, sizeof buf, "%.0f", v);
+  // Above 100: an integer prints as one, anything else with one decimal (128.2 B/counter must
+  // not print as the 128 B target it fails).
+  if (v >= 100 && std::fabs(v - std::round(v)) < 0.0005) std::snprintf(buf, sizeof buf, "%.0f", v);
+  else if (v >= 100) std::snprintf(buf, sizeof buf, "%.1f", v);
   else if (v >= 10) std::snprintf(buf, sizeof buf, "%.1f", v);
   else if (v >= 1) std::snprintf(buf, sizeof buf, "%.2f", v);
   else std::snprintf(buf, sizeof buf, "%.3f", v);

@@ -36,6 +36,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
@@ -49,6 +50,13 @@ fi_provider& self() noexcept;
 struct config {
   bool progress_thread = false;       ///< COMPCNTR_FI_PROGRESS_THREAD=1
   std::int64_t wait_spin_ns = 100'000;  ///< COMPCNTR_FI_WAIT_SPIN_US (default 100)
+  /// Spin of a wait that can sleep on a provider wait set whose fds report arriving data
+  /// (FI_WAIT_UNSPEC/FD counters of tcp;ofi_rxm and udp;ofi_rxd): 0 unless
+  /// COMPCNTR_FI_WAIT_SPIN_US is set. Such a wait runs one progress round, then sleeps on the
+  /// provider's fds, as libfabric's own wait does: spinning there lost to it (P13: 122 us against
+  /// 13 us per round trip; the spinner holds a CPU its peer process or another runnable task
+  /// needs). (shm refuses wait sets: its waits take compcntr's wait, spinning wait_spin_ns.)
+  std::int64_t fd_wait_spin_ns = 0;
   std::uint32_t progress_idle_us = 1000;  ///< COMPCNTR_FI_PROGRESS_IDLE_US: progress thread's
                                           ///< sleep between rounds once idle for 10 ms
   std::string stats_path;             ///< COMPCNTR_FI_HOOK_STATS
@@ -87,6 +95,11 @@ struct domain_state {
 
 fabric_state* find_fabric(fid_fabric* f) noexcept;
 domain_state* find_domain(fid_domain* d) noexcept;
+/// The records (provider.cpp): kept from installation until the object's close succeeds.
+bool add_fabric(std::unique_ptr<fabric_state> fs) noexcept;  ///< false without memory
+void forget_fabric(fid_fabric* f) noexcept;
+bool add_domain(std::unique_ptr<domain_state> ds) noexcept;  ///< false without memory
+void forget_domain(fid_domain* d) noexcept;
 
 // ---- counters (hook_cntr.cpp) ----------------------------------------------------------------
 
@@ -98,9 +111,19 @@ fid_cntr* hidden_of(hook_cntr* c) noexcept;
 /// A successful bind of the hidden counter (statistics; progress bookkeeping).
 void note_bound(hook_cntr* c) noexcept;
 /// Bindings to endpoints not enabled yet: the progress thread leaves such a counter alone (a
-/// provider's endpoint cannot be progressed before fi_enable: rxm crashes). hook.cpp counts them
+/// provider's endpoint cannot be progressed before fi_enable: rxm crashes). install.cpp counts them
 /// up at fi_ep_bind and down at fi_enable or fi_close of the endpoint.
 void pending_add(hook_cntr* c, int delta) noexcept;
+/// fi_poll_add / fi_poll_del of a hook counter (its hidden counter) succeeded: +1 / -1.
+void polled_add(hook_cntr* c, int delta) noexcept;
+/// After a provider's fi_poll reported events: pulls every progress-thread counter that is in a
+/// poll set, in the caller. The provider's poll ran progress and saw a hidden counter change; the
+/// application's next fi_cntr_read (a load) must show it, or a fabtests-style loop (poll until
+/// the counter is reported, then read it) waits forever: the poll never reports that change again.
+void pull_polled() noexcept;
+/// How many pulls application threads made on progress-thread counters (the thread backs off
+/// while it grows).
+std::uint64_t caller_pulls() noexcept;
 /// domain ops cntr_open.
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept;
 /// compcntr_fi_trywait-style arming for hook counters inside the fabric's fi_trywait: collects
@@ -109,10 +132,14 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
 int cntr_trywait(hook_cntr* c, fid** pass, int cap, int* npass) noexcept;
 /// Drives every live counter once (the progress thread). Returns true if a value changed.
 bool progress_all() noexcept;
-/// Sum of the per-counter read counts of live counters (for the stats line at exit).
-void sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_t& waits) noexcept;
+/// Adds the per-counter read counts of live counters (for the stats line at exit). false: left
+/// out, because an abandoned progress thread holds the live list.
+bool sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_t& waits) noexcept;
 
-// ---- installing on objects (hook.cpp) --------------------------------------------------------
+// ---- installing on objects (install.cpp) -----------------------------------------------------
+
+/// The provider's fabric() entry: installs on the fabric libfabric hands the hook.
+int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context);
 
 void install_domain(fid_domain* d, fabric_state* fs) noexcept;
 /// Installs on an endpoint (any fid_ep class); trigger_*: FI_TRIGGER among its default flags.
@@ -140,6 +167,8 @@ class control_guard {
 void progress_thread_start() noexcept;  ///< idempotent; only with cfg().progress_thread
 void progress_thread_stop() noexcept;   ///< idempotent; joins
 bool progress_thread_running() noexcept;
+/// A stop gave up waiting for the thread (it is blocked in a provider call): it was detached.
+bool progress_thread_abandoned() noexcept;
 
 }  // namespace compcntr_hook
 

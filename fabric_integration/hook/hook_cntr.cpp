@@ -58,6 +58,7 @@ struct hook_cntr {
   // counters it is the fd FI_GETWAIT hands out.
   fid_wait* waitset = nullptr;
   int epfd = -1;
+  int wait_fd = -1;                // the wait set's fd (in epfd; a waiter polls it directly)
   fid_fabric* fabric = nullptr;    // the hooked fabric (fi_trywait on waitset)
   std::atomic<std::uint64_t> err_at_readerr{0};    // sockets: error value at the last readerr
   std::atomic<std::uint64_t> seen_v{0}, seen_e{0};  // fi_trywait's last values
@@ -66,6 +67,7 @@ struct hook_cntr {
   // an exact tally).
   std::atomic<std::uint64_t> reads{0}, readerrs{0}, waits{0};
   std::atomic<int> pending{0};  // bindings to endpoints not enabled yet (progress thread waits)
+  std::atomic<int> polled{0};   // poll sets holding the hidden counter (fi_poll: pull_polled)
   hook_cntr* prev = nullptr;  // the live list (under live_mu)
   hook_cntr* next = nullptr;
 };
@@ -90,8 +92,27 @@ inline bool by_thread(const hook_cntr* h) noexcept {
   return h->thread && h->pending.load(std::memory_order_acquire) == 0;
 }
 
-inline void bump(std::atomic<std::uint64_t>& a) noexcept {
-  a.store(a.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+inline std::uint64_t bump(std::atomic<std::uint64_t>& a) noexcept {
+  const std::uint64_t n = a.load(std::memory_order_relaxed) + 1;
+  a.store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// With the progress thread, every k_reader_pull_every-th fi_cntr_read / fi_cntr_readerr of a
+// counter also pulls (drives the provider) in the caller. A thread spinning on the read (the
+// fabtests ping-pong's wait) then does not depend on the progress thread being scheduled: on a
+// 2-CPU machine with two such processes the thread ran a round only every few hundred us (round
+// trips of 630-960 us against 27 us with caller progress). 256: a read is a few ns and a pull
+// about 1 us on tcp;ofi_rxm, so a spinning reader pulls about once per us and an idle read costs
+// under 1% more on average (P14).
+constexpr std::uint64_t k_reader_pull_every = 256;
+
+// Pulls made by application threads of thread-mode counters (spinning readers, waiters, fi_poll).
+// The progress thread backs off while this moves (caller_pulls()): the application is driving
+// progress itself, and a busy thread beside it only takes the CPU and the endpoint locks.
+std::atomic<std::uint64_t> g_caller_pulls{0};
+inline void note_caller_pull(const hook_cntr* h) noexcept {
+  if (h->thread) g_caller_pulls.fetch_add(1, std::memory_order_relaxed);
 }
 
 // ---- the live list (progress thread, statistics) ----------------------------------------------
@@ -128,18 +149,25 @@ std::uint64_t errors_of(hook_cntr* h) noexcept {
 }
 
 // Caller progress: pull from the provider (which runs its progress, as fi_cntr_read of the
-// provider's own counter does). Progress thread: the thread pulls; a read is a load.
+// provider's own counter does). Progress thread: the thread pulls; a read is a load, and every
+// k_reader_pull_every-th read of the counter pulls too (a spinning reader drives progress).
 uint64_t cntr_read(fid_cntr* c) {
   hook_cntr* h = of(c);
-  if (!by_thread(h) && h->hidden) h->m.pull_comp();
-  bump(h->reads);
+  const std::uint64_t n = bump(h->reads);
+  if (h->hidden && (!by_thread(h) || n % k_reader_pull_every == 0)) {
+    h->m.pull_comp();
+    note_caller_pull(h);
+  }
   return value_of(h);
 }
 
 uint64_t cntr_readerr(fid_cntr* c) {
   hook_cntr* h = of(c);
-  if (!by_thread(h) && h->hidden) h->m.pull_err();
-  bump(h->readerrs);
+  const std::uint64_t n = bump(h->readerrs);
+  if (h->hidden && (!by_thread(h) || n % k_reader_pull_every == 0)) {
+    h->m.pull_err();
+    note_caller_pull(h);
+  }
   const std::uint64_t e = errors_of(h);
   if (h->sockets) h->err_at_readerr.store(e, std::memory_order_relaxed);
   return e;
@@ -193,15 +221,32 @@ int cntr_seterr(fid_cntr* c, uint64_t value) {
   });
 }
 
+// A waiter drives progress itself, with or without the progress thread: it has nothing else to
+// do, and waking it through the thread costs a scheduling round (see k_reader_pull_every).
 void progress_both(void* ctx) noexcept {
   hook_cntr* h = static_cast<hook_cntr*>(ctx);
   h->m.pull_comp();
   h->m.pull_err();
+  note_caller_pull(h);
 }
 void progress_yield(void* ctx) noexcept {
-  hook_cntr* h = static_cast<hook_cntr*>(ctx);
-  if (!by_thread(h)) progress_both(ctx);
+  progress_both(ctx);
   sched_yield();
+}
+
+// A wait with no provider fd to sleep on (shm; see cntr_wait): the first k_pure_spin rounds
+// spin (a quick answer costs no system call), later rounds yield the CPU between checks (the peer
+// process, or another task, may need this CPU: libfabric's own shm wait keeps polling, and a
+// non-yielding spin followed by 1 ms sleeps lost to it 1.1-2.3x in P13 under load).
+struct spin_then_yield {
+  hook_cntr* h;
+  std::uint32_t rounds = 0;
+};
+constexpr std::uint32_t k_pure_spin = 64;  // ~1-10 us of shm progress rounds
+void progress_spin_then_yield(void* ctx) noexcept {
+  auto* s = static_cast<spin_then_yield*>(ctx);
+  progress_both(s->h);
+  if (++s->rounds > k_pure_spin) sched_yield();
 }
 
 bool err_since_readerr(hook_cntr* h) noexcept {
@@ -218,9 +263,10 @@ bool err_since_readerr(hook_cntr* h) noexcept {
 //  * whatever the provider answers when its counter cannot be waited on (util counters opened
 //    with FI_WAIT_NONE: -FI_ENOSYS), probed at open.
 // Where libfabric is weak it is not followed: the wait drives the provider's progress between
-// checks (caller progress) and sleeps in compcntr's futex at most 1 ms at a time after a spin of
-// COMPCNTR_FI_WAIT_SPIN_US (100 us), never in 50 ms quanta; with the progress thread it sleeps
-// until the thread's update wakes it. FI_WAIT_YIELD yields between checks and never sleeps.
+// checks (with or without the progress thread) and sleeps on the provider's wait-set fds
+// (wait_on_fds) or, without them, in compcntr's futex at most 1 ms at a time after up to 10x
+// COMPCNTR_FI_WAIT_SPIN_US of checks, never in 50 ms quanta. FI_WAIT_YIELD yields between
+// checks and never sleeps.
 // Arms both sides of epfd: cc's eventfd (armed: the next update makes it readable) and the
 // provider's wait set (fi_trywait resets it; sockets' wait set keeps one byte per signal until
 // fi_wait reads it, so it is drained first). -FI_EAGAIN: the provider has work pending now.
@@ -233,24 +279,18 @@ void drain_sockets_waitset(hook_cntr* h) noexcept {
     for (int i = 0; i < 4096 && fi_wait(h->waitset, 0) == 0; ++i) {
     }
 }
-int arm(hook_cntr* h) noexcept {
+// The provider side alone (wait_on_fds arms cc's fd later, see there).
+int arm_provider(hook_cntr* h) noexcept {
   drain_sockets_waitset(h);
-  if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
   if (h->waitset == nullptr) return 0;
   fid* w = &h->waitset->fid;
   return fi_trywait(h->fabric, &w, 1);
 }
 
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// fi_cntr_wait of a counter with a provider wait set, caller progress: spin (driving progress)
-// for COMPCNTR_FI_WAIT_SPIN_US, then sleep in poll(2) on epfd, armed on both sides, so that the
+// fi_cntr_wait of a counter with a provider wait set (with or without the progress thread): one
+// progress round (plus, only if COMPCNTR_FI_WAIT_SPIN_US is set, a spin driving progress and
+// yielding for that long: config::fd_wait_spin_ns says why not by default), then sleep in
+// poll(2) on epfd, armed on both sides, so that the
 // provider's own fds (a socket with data, a connection request) or an update of cc wake the
 // waiter at once. Sleeps are capped at 10 ms (a safety net for provider work no fd reports);
 // libfabric's util wait instead sleeps in 50 ms quanta.
@@ -259,34 +299,54 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
   const auto start = clock::now();
   const auto deadline = start + std::chrono::milliseconds(timeout < 0 ? 0 : timeout);
   const std::uint64_t err0 = errors_of(h);
-  auto test = [&]() noexcept -> int {
+  // One check driving the provider: the completion value first, the error value only while the
+  // threshold is not met (reaching the threshold wins a tie, as in util's wait), so a wait that
+  // ends costs one provider read, not two.
+  auto check = [&]() noexcept -> int {
+    h->m.pull_comp();
+    note_caller_pull(h);
     if (value_of(h) >= threshold) return 0;
+    h->m.pull_err();
     if (errors_of(h) != err0) return -FI_EAVAIL;
     return 1;
   };
+  // One check before arming: a wait called right after a read that saw too little usually finds
+  // the answer at its first provider read (fabtests' loop "read; wait"), and then costs no arm.
+  if (const int r = check(); r <= 0) return r;
   // With FI_PROGRESS_AUTO (sockets) the provider's thread moves the data: spinning here would
   // only take a CPU from it (two ping-pong processes and their provider threads on two CPUs), so
   // the waiter blocks on the fds at once; their signal comes with each update.
-  const auto spin_end = start + std::chrono::nanoseconds(h->auto_progress ? 0 : cfg().wait_spin_ns);
+  const auto spin_end = start + std::chrono::nanoseconds(h->auto_progress ? 0 : cfg().fd_wait_spin_ns);
   for (;;) {
-    progress_both(h);
-    if (const int r = test(); r <= 0) return r;
     const auto now = clock::now();
-    if (timeout >= 0 && now >= deadline) return -FI_ETIMEDOUT;
     if (now < spin_end) {
-      cpu_relax();
+      if (const int r = check(); r <= 0) return r;
+      sched_yield();  // the peer process may need this CPU (see fd_wait_spin_ns)
       continue;
     }
-    if (arm(h) == -FI_EAGAIN) continue;  // work pending: progress again, no sleep
-    progress_both(h);                     // what came before the arm (see arm)
-    if (const int r = test(); r <= 0) return r;
+    // The provider's wait set is reset first, then checked (pulling): provider work after the
+    // reset signals the wait set. cc's fd is armed only after that check, when a sleep follows:
+    // armed during our own pull, the pull's update would write the eventfd (and the next arm
+    // read it back), two system calls per wait for nothing. An update of cc by another thread
+    // (the progress thread, another reader's pull, fi_cntr_add) after the arm signals the fd; one
+    // before it is seen by the loads that follow the arm (its seq_cst fence).
+    const int armed = arm_provider(h);
+    if (const int r = check(); r <= 0) return r;
+    if (timeout >= 0 && now >= deadline) return -FI_ETIMEDOUT;
+    if (armed == -FI_EAGAIN) continue;  // work pending: progress again, no sleep
+    if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
+    if (value_of(h) >= threshold) return 0;
+    if (errors_of(h) != err0) return -FI_EAVAIL;
     std::int64_t ms = 10;
     if (timeout >= 0) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
       if (left < ms) ms = left;
     }
-    pollfd p{h->epfd, POLLIN, 0};
-    ::poll(&p, 1, static_cast<int>(ms));
+    // The two fds directly, not epfd: one epoll level less between a socket and the waiter
+    // (the wait set's fd is itself an epoll fd), as deep as libfabric's own wait.
+    pollfd p[2] = {{h->wait_fd, POLLIN, 0}, {h->fd, POLLIN, 0}};
+    ::poll(p, 2, static_cast<int>(ms));
+    if (const int r = check(); r <= 0) return r;  // woken: check before arming again
   }
 }
 
@@ -295,13 +355,14 @@ int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
   bump(h->waits);
   if (h->wait_rc != 0) return h->wait_rc;
   if (h->sockets && err_since_readerr(h)) return -FI_EAVAIL;
-  if (h->epfd >= 0 && !by_thread(h) && h->hidden != nullptr && h->wait_obj != FI_WAIT_YIELD) {
+  if (h->epfd >= 0 && h->hidden != nullptr && h->wait_obj != FI_WAIT_YIELD) {
     const int r = wait_on_fds(h, threshold, timeout);
     if (r == 0 && h->sockets && err_since_readerr(h)) return -FI_EAVAIL;
     return r;
   }
   compcntr_wait_attr wa{};
-  const bool drive = !by_thread(h) && h->hidden != nullptr;
+  spin_then_yield sty{h};
+  const bool drive = h->hidden != nullptr;
   if (h->sockets && drive && timeout < 0 && h->wait_obj != FI_WAIT_YIELD) {
     // sockets moves data in its own thread and wakes its counter's waiters (a condition
     // variable) on every update, and nothing of it reaches a fd here; its untimed wait is sound
@@ -333,13 +394,17 @@ int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
     wa.spin_ns = 10 * cfg().wait_spin_ns;
     wa.progress = progress_yield;
     wa.progress_ctx = h;
+  } else if (drive) {
+    // No provider fd reports arrivals (shm refuses wait sets; an application's FI_WAIT_SET):
+    // drive and check, spinning and then yielding, for up to 10x the spin time, then sleep in
+    // 1 ms slices driving the provider between them.
+    wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
+    wa.spin_ns = 10 * cfg().wait_spin_ns;
+    wa.progress = progress_spin_then_yield;
+    wa.progress_ctx = &sty;
   } else {
     wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
     wa.spin_ns = cfg().wait_spin_ns;
-    if (drive) {
-      wa.progress = progress_both;
-      wa.progress_ctx = h;
-    }
   }
   const int r = compcntr_wait_comp_cntr_ex(h->cc, threshold, timeout, &wa);
   switch (r) {
@@ -461,6 +526,10 @@ void note_bound(hook_cntr*) noexcept { stats().cntr_bound.fetch_add(1, std::memo
 
 void pending_add(hook_cntr* c, int delta) noexcept { c->pending.fetch_add(delta, std::memory_order_acq_rel); }
 
+void polled_add(hook_cntr* c, int delta) noexcept { c->polled.fetch_add(delta, std::memory_order_relaxed); }
+
+std::uint64_t caller_pulls() noexcept { return g_caller_pulls.load(std::memory_order_relaxed); }
+
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept {
   static const int registered = compcntr_fi_register_cntr_class(&cntr_fid_ops, class_get);
   (void)registered;
@@ -574,6 +643,7 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   h->hidden = hidden;
   h->waitset = waitset;
   h->epfd = epfd;
+  h->wait_fd = waitset != nullptr ? wait_fd : -1;
   h->fabric = ds->fabric ? ds->fabric->fabric : nullptr;
   h->cc = cc;
   h->wait_obj = raw_wait(a);
@@ -599,7 +669,7 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
 int cntr_trywait(hook_cntr* h, fid** pass, int cap, int* npass) noexcept {
   if (h->wait_obj != FI_WAIT_FD || h->fd < 0) return -FI_EINVAL;
   if (h->waitset != nullptr && *npass >= cap) return -FI_ENOMEM;
-  // Reset the provider's side, arm cc's fd, then pull and read (see arm): an update after the
+  // Reset the provider's side, arm cc's fd, then pull and read (see wait_on_fds): an update after the
   // arm makes the fd readable, one before it is in the values read here. A util wait set is
   // reset and checked by the provider's trywait, in the same call as the application's other
   // provider fids (its check sees what came after its reset).
@@ -627,13 +697,30 @@ bool progress_all() noexcept {
   return any;
 }
 
-void sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_t& waits) noexcept {
+void pull_polled() noexcept {
   std::lock_guard lk(live_mu);
+  for (hook_cntr* h = live_head; h != nullptr; h = h->next)
+    if (by_thread(h) && h->hidden && h->polled.load(std::memory_order_relaxed) > 0) {
+      h->m.pull_comp();
+      h->m.pull_err();
+      note_caller_pull(h);
+    }
+}
+
+bool sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_t& waits) noexcept {
+  // An abandoned progress thread (progress.cpp) may hold live_mu for good, blocked on a provider
+  // lock the exiting thread holds: then the live counters' counts are left out.
+  std::unique_lock lk(live_mu, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    if (progress_thread_abandoned()) return false;
+    lk.lock();
+  }
   for (hook_cntr* h = live_head; h != nullptr; h = h->next) {
     reads += h->reads.load(std::memory_order_relaxed);
     readerrs += h->readerrs.load(std::memory_order_relaxed);
     waits += h->waits.load(std::memory_order_relaxed);
   }
+  return true;
 }
 
 }  // namespace compcntr_hook

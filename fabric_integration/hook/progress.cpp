@@ -2,23 +2,33 @@
 //
 // It pulls every hook counter of the domains opened FI_THREAD_SAFE (the hook asks for it when
 // the thread is on: the thread drives endpoints while the application uses them) in rounds, so
-// that fi_cntr_read and fi_cntr_readerr are loads and fi_cntr_wait sleeps until the thread's
-// update wakes it. Busy rounds follow each other at once; after 10 ms without any change the
+// that fi_cntr_read and fi_cntr_readerr are loads (every 256th also pulls, hook_cntr.cpp);
+// fi_cntr_wait drives the provider itself either way. Busy rounds follow each other at once; after 10 ms without any change the
 // thread sleeps COMPCNTR_FI_PROGRESS_IDLE_US (1000) between rounds, so an idle process costs a
 // wake-up per millisecond, and the first completion after idling is seen up to that late.
+// While application threads drive progress themselves (waiters, spinning readers, fi_poll:
+// caller_pulls() moves) the thread also sleeps between rounds: on a machine with few CPUs a busy
+// thread beside a driving application only delays it (a scheduling round per message).
 //
-// Lifetime: started by the first hooked fabric, stopped (joined) by the earliest of an atexit
-// handler (which runs before libfabric's destructor tears providers down), libfabric's cleanup
-// of the hook, or the module's destructor.
+// Lifetime: started by the first hooked fabric, stopped by the earliest of an atexit handler
+// (which runs before libfabric's destructor tears providers down), libfabric's cleanup of the
+// hook, or the module's destructor. Stopping never waits for ever: exit() may be called while
+// the exiting thread holds a provider lock (a signal handler calling exit() during fi_poll, seen
+// with fabtests) that the thread is blocked on inside a round; joining it then deadlocks the
+// exit. So the stopper waits at most k_stop_wait for the thread to leave its loop; if it does not,
+// the thread is abandoned (detached) and the module pinned in memory (RTLD_NODELETE), so that
+// libfabric's dlclose cannot unmap code the blocked thread will return to.
 #include "hook.hpp"
 
 #include <rdma/providers/fi_log.h>
 
+#include <dlfcn.h>
 #include <sched.h>
 #include <time.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <shared_mutex>
@@ -30,18 +40,36 @@ namespace {
 std::mutex thread_mu;
 std::thread* worker = nullptr;  // under thread_mu
 std::atomic<bool> stop{false};
+std::atomic<bool> abandoned{false};  // a stop gave up on the thread (see the top)
 
-std::shared_mutex g_control;
+// The thread's "I have left the loop" (stop waits on it, bounded). Never destroyed, like
+// g_control: an abandoned thread may still use them while the process's static objects die.
+std::mutex& done_mu = *new std::mutex;
+std::condition_variable& done_cv = *new std::condition_variable;
+bool done = false;  // under done_mu
+
+// How long a stop waits for the thread's current round: a round takes microseconds (one
+// fi_cntr_read per counter) plus at most one idle sleep; one still running after this is
+// blocked on a lock the stopping (exiting) thread holds.
+constexpr std::chrono::milliseconds k_stop_wait{200};
+
+std::shared_mutex& g_control = *new std::shared_mutex;
 
 void run() noexcept {
   using clock = std::chrono::steady_clock;
   auto last_change = clock::now();
   const timespec idle{0, static_cast<long>(cfg().progress_idle_us) * 1000};
+  std::uint64_t callers = caller_pulls();
   while (!stop.load(std::memory_order_acquire)) {
     bool changed;
     {
       std::shared_lock lk(g_control);
       changed = progress_all();
+    }
+    if (const std::uint64_t now = caller_pulls(); now != callers) {
+      callers = now;  // the application drives progress itself: stay out of its way
+      nanosleep(&idle, nullptr);
+      continue;
     }
     if (changed) {
       last_change = clock::now();
@@ -50,6 +78,19 @@ void run() noexcept {
     if (clock::now() - last_change < std::chrono::milliseconds(10)) sched_yield();
     else nanosleep(&idle, nullptr);
   }
+  {
+    std::lock_guard lk(done_mu);
+    done = true;
+  }
+  done_cv.notify_all();
+}
+
+// Keeps this module mapped until the process ends (an abandoned thread may still run its code).
+void pin_module() noexcept {
+  Dl_info di{};
+  if (dladdr(reinterpret_cast<void*>(&pin_module), &di) == 0 || di.dli_fname == nullptr) return;
+  if (dlopen(di.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == nullptr)
+    FI_WARN(&self(), FI_LOG_CORE, "cannot pin the hook module: %s\n", dlerror());
 }
 
 void stop_at_exit() { progress_thread_stop(); }
@@ -60,6 +101,10 @@ void progress_thread_start() noexcept {
   std::lock_guard lk(thread_mu);
   if (worker != nullptr || !cfg().progress_thread) return;
   stop.store(false, std::memory_order_relaxed);
+  {
+    std::lock_guard dl(done_mu);
+    done = false;
+  }
   try {
     worker = new std::thread(run);
   } catch (...) {
@@ -82,6 +127,8 @@ control_guard::~control_guard() {
   if (held_) g_control.unlock();
 }
 
+bool progress_thread_abandoned() noexcept { return abandoned.load(std::memory_order_acquire); }
+
 bool progress_thread_running() noexcept {
   std::lock_guard lk(thread_mu);
   return worker != nullptr;
@@ -98,8 +145,24 @@ void progress_thread_stop() noexcept {
   stop.store(true, std::memory_order_release);
   if (t->get_id() == std::this_thread::get_id()) {
     t->detach();  // exit() called on the progress thread itself (a crash handler): cannot join
-  } else {
+    delete t;
+    return;
+  }
+  bool left;
+  {
+    std::unique_lock lk(done_mu);
+    left = done_cv.wait_for(lk, k_stop_wait, [] { return done; });
+  }
+  if (left) {
     t->join();
+  } else {
+    FI_WARN(&self(), FI_LOG_CORE,
+            "progress thread still inside a provider call after %lld ms (a lock held by the "
+            "stopping thread?): left running\n",
+            static_cast<long long>(k_stop_wait.count()));
+    pin_module();
+    abandoned.store(true, std::memory_order_release);
+    t->detach();
   }
   delete t;
 }

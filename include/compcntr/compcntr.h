@@ -125,8 +125,8 @@ void compcntr_priv_notify_slow(struct compcntr_comp_cntr *cc);
  * COMPCNTR_NO_INLINE to call them everywhere. The layout below is part of the library's ABI
  * (the soname changes if it does). */
 struct compcntr_comp_cntr_slot_ {
-	uint64_t value;          /* completion count (atomic) */
-	uint64_t errors;         /* error count (atomic) */
+	uint64_t value;          /* completion count (atomic); always 0 in a striped counter */
+	uint64_t errors;         /* error count (atomic); always 0 in a striped counter */
 	uint64_t reserved0_[2];
 	const void *stripes;     /* non-NULL: a striped counter (reads sum its stripes) */
 	uint64_t reserved1_[3];

@@ -102,13 +102,14 @@ int compcntr_comp_cntr_arm_fd_threshold(struct compcntr_comp_cntr *cc, uint64_t 
 
 #ifdef COMPCNTR_INLINE_FAST_PATHS
 /* compcntr_wait_comp_cntr inline when the threshold is already reached (one acquire load, as
- * the C++ compcntr::wait); everything else is the exported call. See <compcntr/compcntr.h>. */
+ * the C++ compcntr::wait); everything else is the exported call. See <compcntr/compcntr.h>.
+ * No stripes test: a striped counter's slot value is 0 for its whole life, so it passes here
+ * only for threshold 0 (which its sum reaches too); any other threshold takes the call. */
 static inline int compcntr_wait_comp_cntr_inline_(struct compcntr_comp_cntr *cc, uint64_t threshold,
                                                   int timeout_ms)
 {
-	const struct compcntr_comp_cntr_slot_ *s;
-	if (__builtin_expect(cc != NULL, 1) && __builtin_expect((s = cc->slot_)->stripes == NULL, 1) &&
-	    __atomic_load_n(&s->value, __ATOMIC_ACQUIRE) >= threshold)
+	if (__builtin_expect(cc != NULL, 1) &&
+	    __atomic_load_n(&cc->slot_->value, __ATOMIC_ACQUIRE) >= threshold)
 		return 0;
 	return (compcntr_wait_comp_cntr)(cc, threshold, timeout_ms);
 }

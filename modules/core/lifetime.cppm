@@ -65,7 +65,7 @@ inline void reset_slot(slot& s) noexcept {
   s.backend_data = nullptr;
   s.ext.store(nullptr, std::memory_order_relaxed);
   s.type = counter_type::wrs;
-  s.stripes = nullptr;
+  s.stripes = 0;
   s.stripe_mask_ = 0;
   s.refs.store(1, std::memory_order_release);
 }

@@ -76,7 +76,8 @@ std::error_code make_striped(slot& s, std::uint32_t n) noexcept {
   if (st == nullptr)
     return fail(ENOMEM, "create_comp_cntr: out of memory for %u stripes (%zu bytes)", n,
                 sizeof(stripe) * n);
-  s.stripes = st;
+  static_assert(alignof(stripe) > two_stripes_tag, "the tag bit of slot::stripes is free");
+  s.stripes = reinterpret_cast<std::uintptr_t>(st) + (n == 2 ? two_stripes_tag : 0);
   s.stripe_mask_ = n - 1;
   s.cpu_offset = rseq_cpu_offset();
   s.hw = &striped_counter_ops;
@@ -86,7 +87,7 @@ std::error_code make_striped(slot& s, std::uint32_t n) noexcept {
 void free_stripes(slot& s) noexcept {
   if (!s.striped()) return;
   delete[] s.stripe_array();
-  s.stripes = nullptr;
+  s.stripes = 0;
   s.stripe_mask_ = 0;
   s.hw = nullptr;
 }

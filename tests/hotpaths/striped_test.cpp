@@ -83,6 +83,38 @@ TEST_CASE("striped: stripe counts, rounding, limits; plain counters have one") {
   CHECK(dev.live_counters() == live);  // a refused create changes nothing
 }
 
+// 2 stripes are told by a tag bit in the slot's stripes word (no count load on a read), 4 by the
+// four-at-a-time loop once, 8 by it twice: each sums every stripe, and set() replaces the sum.
+TEST_CASE("striped: 2, 4 and 8 stripes each sum every stripe (reads, errors, set)") {
+  auto dev = open_soft();
+  for (std::uint32_t n : {2u, 4u, 8u}) {
+    CAPTURE(n);
+    auto c = make_striped(dev, n);
+    REQUIRE(c.stripes() == n);
+    // One thread per CPU it may run on, pinned in turn, so updates land on different stripes
+    // where CPUs allow; the sum is exact whichever stripes they hit.
+    std::uint64_t want = 0;
+    for (std::uint32_t k = 0; k < 2 * n; ++k) {
+      std::thread t([&, k] {
+        pin_to(static_cast<int>(k));
+        c.add(k + 1);
+        c.add_error(1);
+      });
+      t.join();
+      want += k + 1;
+    }
+    CHECK(c.value() == want);
+    CHECK(c.errors() == 2 * n);
+    CHECK(compcntr::wait(c, want, 0ms) == std::errc{});
+    CHECK(compcntr::wait(c, want + 1, 0ms) == std::errc::timed_out);
+    c.set(5);
+    CHECK(c.value() == 5);
+    c.add(1);
+    CHECK(c.value() == 6);
+    CHECK(c.native_slot()->value.load() == 0);
+  }
+}
+
 TEST_CASE("striped: a device whose counters are native refuses (ENOTSUP), changing nothing") {
   auto st = std::make_shared<fake::stats>();
   auto dev = fake::open(st);
@@ -174,6 +206,10 @@ TEST_CASE("striped: waits return as on a plain counter: spinning, asleep (woken)
   c.add(3);
   CHECK(compcntr::wait(c, 3, 0ms) == std::errc{});
   CHECK(compcntr::wait(c, 4, 0ms) == std::errc::timed_out);
+  CHECK(compcntr::wait(c, 1, 0ms) == std::errc{});  // the slot's own word is 0, the sum is 3
+  CHECK(compcntr::wait(c, 0, 0ms) == std::errc{});
+  CHECK(compcntr::wait_since(c, 3, c.errors(), 0ms) == std::errc{});
+  CHECK(compcntr::wait_since(c, 4, c.errors(), 0ms) == std::errc::timed_out);
   // A forced-sleep waiter, asleep in the kernel before the update, is woken by a striped add.
   // A lost wake-up would end the wait only at its 20 s timeout (the final re-check then sees
   // the value): it must end long before.

@@ -196,6 +196,28 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   }
   const std::uint64_t base = g.base, need = g.need, mask = g.mask;
 
+  // Fast entry of a spin waiter on a plain software counter (bench P4): nothing to drive (no
+  // hook; no hw table, so neither refreshed nor striped; no device progress source), a plain
+  // threshold. One block of clock_stride polls right away, before the engine below sets up its
+  // checks, deadline and spin budget (~160 instructions): an answer already on its way (a
+  // ping-pong at cache-line latency, ~35 ns per half on an idle machine) is seen without that
+  // entry. The engine then runs as if called after this block: its deadline and budget count
+  // from there (at most ~0.5 us later, never earlier: a timed-out wait still lasted >= timeout).
+  // Checks as test(): seq_cst loads, value first, so a reached threshold wins over an error.
+  if (o.spin > nanoseconds::zero() && timeout_ms != 0 && o.hook == nullptr && s.hw == nullptr &&
+      base == 0 && mask == ~std::uint64_t{0} && s.owner->progress_sources().empty()) [[likely]] {
+    const std::atomic<std::uint64_t>& value = s.value;
+    const std::atomic<std::uint64_t>& errors = s.errors;
+    if (value.load(std::memory_order_seq_cst) >= need) return std::errc{};
+    if (errors.load(std::memory_order_seq_cst) != err0) return std::errc::io_error;
+#pragma clang loop unroll(full)
+    for (unsigned k = 0; k < clock_stride; ++k) {
+      cpu_relax();
+      if (value.load(std::memory_order_seq_cst) >= need) [[unlikely]] return std::errc{};
+      if (errors.load(std::memory_order_seq_cst) != err0) [[unlikely]] return std::errc::io_error;
+    }
+  }
+
   auto test = [&]() noexcept -> outcome {
     if (((s.value_seq_cst() - base) & mask) >= need) return {true, std::errc{}, 0};
     if (s.errors_seq_cst() != err0) return {true, std::errc::io_error, 0};

@@ -1,6 +1,6 @@
-// The compcntr hook provider: entry point, settings, statistics, and the in-place installation
-// on fabrics, domains, endpoints, memory regions and poll sets (hook.hpp says why in place).
-// Counters are in hook_cntr.cpp, the optional progress thread in progress.cpp.
+// The hook's installation in place on fabrics, domains, endpoints, memory regions and poll sets
+// (hook.hpp says why in place): the patched ops tables and the wrappers in them. The provider
+// entry point and records are provider.cpp, counters hook_cntr.cpp.
 #include "hook.hpp"
 
 #include <rdma/fi_errno.h>
@@ -10,14 +10,8 @@
 #include <rdma/fi_trigger.h>
 #include <rdma/providers/fi_log.h>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
-#include <cinttypes>
 #include <cstddef>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -27,67 +21,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../cntr_classes.h"
-
 namespace compcntr_hook {
 namespace {
-
-// ---- settings --------------------------------------------------------------------------------
-
-config g_cfg;
-
-bool env_true(const char* name) noexcept {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return false;
-  return !(std::strcmp(v, "0") == 0 || strcasecmp(v, "no") == 0 || strcasecmp(v, "false") == 0 ||
-           strcasecmp(v, "off") == 0);
-}
-
-std::int64_t env_int(const char* name, std::int64_t dflt, std::int64_t lo, std::int64_t hi) noexcept {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return dflt;
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
-    FI_WARN(&self(), FI_LOG_CORE, "%s=%s ignored (an integer %" PRId64 "..%" PRId64 " expected)\n",
-            name, v, lo, hi);
-    return dflt;
-  }
-  return x;
-}
-
-void read_config() noexcept {
-  g_cfg.progress_thread = env_true("COMPCNTR_FI_PROGRESS_THREAD");
-  g_cfg.wait_spin_ns = env_int("COMPCNTR_FI_WAIT_SPIN_US", 100, 0, 10'000'000) * 1000;
-  g_cfg.progress_idle_us =
-      static_cast<std::uint32_t>(env_int("COMPCNTR_FI_PROGRESS_IDLE_US", 1000, 1, 1'000'000));
-  if (const char* p = std::getenv("COMPCNTR_FI_HOOK_STATS")) {
-    try {
-      g_cfg.stats_path = p;
-    } catch (...) {
-    }
-  }
-}
-
-// ---- statistics ------------------------------------------------------------------------------
-
-statistics g_stats;
-std::atomic<bool> g_stats_written{false};
-
-// ---- fabric / domain records ------------------------------------------------------------------
-
-std::mutex g_objects_mu;
-std::unordered_map<fid_fabric*, std::unique_ptr<fabric_state>>& fabrics() noexcept {
-  static auto* m = new std::unordered_map<fid_fabric*, std::unique_ptr<fabric_state>>;  // never
-  return *m;  // destroyed: libfabric's destructor may close objects after ours ran
-}
-std::unordered_map<fid_domain*, std::unique_ptr<domain_state>>& domains() noexcept {
-  static auto* m = new std::unordered_map<fid_domain*, std::unique_ptr<domain_state>>;
-  return *m;
-}
-std::string g_providers;  // "tcp;ofi_rxm,shm": every provider hooked (under g_objects_mu)
-
 // ---- patched ops tables ----------------------------------------------------------------------
 
 // A copy of a provider's ops table with some entries replaced. `ops` is the first member: the
@@ -591,12 +526,26 @@ fid* translate(fid* f) noexcept {
   return f;
 }
 int poll_add(fid_poll* p, fid* event_fid, std::uint64_t flags) {
-  return orig_of(p->ops)->poll_add(p, translate(event_fid), flags);
+  const int r = orig_of(p->ops)->poll_add(p, translate(event_fid), flags);
+  if (r == 0)
+    if (hook_cntr* h = as_hook_cntr(event_fid)) polled_add(h, 1);
+  return r;
 }
 int poll_del(fid_poll* p, fid* event_fid, std::uint64_t flags) {
-  return orig_of(p->ops)->poll_del(p, translate(event_fid), flags);
+  const int r = orig_of(p->ops)->poll_del(p, translate(event_fid), flags);
+  if (r == 0)
+    if (hook_cntr* h = as_hook_cntr(event_fid)) polled_add(h, -1);
+  return r;
+}
+// fi_poll: the provider's poll, then (progress thread) the hook counters in poll sets catch up
+// with what that poll saw (pull_polled says why).
+int poll_run(fid_poll* p, void** context, int count) {
+  const int r = orig_of(p->ops)->poll(p, context, count);
+  if (r > 0 && cfg().progress_thread) pull_polled();
+  return r;
 }
 void fill_poll(fi_ops_poll& t, std::size_t size) {
+  if (HOOK_HAS(fi_ops_poll, poll, size) && t.poll) t.poll = poll_run;
   if (HOOK_HAS(fi_ops_poll, poll_add, size) && t.poll_add) t.poll_add = poll_add;
   if (HOOK_HAS(fi_ops_poll, poll_del, size) && t.poll_del) t.poll_del = poll_del;
 }
@@ -607,10 +556,7 @@ fid_domain* dom_of(fid* f) noexcept { return reinterpret_cast<fid_domain*>(f); }
 
 int dom_close(fid* f) {
   const int r = orig_of(f->ops)->close(f);
-  if (r == 0) {
-    std::lock_guard lk(g_objects_mu);
-    domains().erase(dom_of(f));
-  }
+  if (r == 0) forget_domain(dom_of(f));
   return r;
 }
 int dom_control(fid* f, int command, void* arg) {
@@ -691,10 +637,7 @@ void fill_domain(fi_ops_domain& t, std::size_t size) {
 
 int fab_close(fid* f) {
   const int r = orig_of(f->ops)->close(f);
-  if (r == 0) {
-    std::lock_guard lk(g_objects_mu);
-    fabrics().erase(reinterpret_cast<fid_fabric*>(f));
-  }
+  if (r == 0) forget_fabric(reinterpret_cast<fid_fabric*>(f));
   return r;
 }
 void fill_fabric_fid(fi_ops& t, std::size_t size) {
@@ -771,9 +714,11 @@ void fill_fabric(fi_ops_fabric& t, std::size_t size) {
   if (HOOK_HAS(fi_ops_fabric, trywait, size) && t.trywait) t.trywait = fab_trywait;
 }
 
-// ---- the provider ----------------------------------------------------------------------------
+}  // namespace
 
-int hook_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context) {
+// ---- the fabric (the provider's fabric() entry) ----------------------------------------------
+
+int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context) {
   if (attr == nullptr || attr->fabric == nullptr || fabric == nullptr) return -FI_EINVAL;
   fid_fabric* f = attr->fabric;
   const auto* hprov = static_cast<const fi_provider*>(context);
@@ -792,114 +737,13 @@ int hook_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context) {
   fi_ops_fabric* ops = patch<fi_ops_fabric, k_fabric>(f->ops, fill_fabric);
   fi_ops* fid_ops = patch<fi_ops, k_fabric_fid>(f->fid.ops, fill_fabric_fid);
   if (ops == nullptr || fid_ops == nullptr) return -FI_ENOMEM;  // nothing installed yet
-  {
-    std::lock_guard lk(g_objects_mu);
-    try {
-      if (g_providers.find(fs->prov_name) == std::string::npos)
-        g_providers += (g_providers.empty() ? "" : ",") + fs->prov_name;
-      fabrics()[f] = std::move(fs);
-    } catch (...) {
-      return -FI_ENOMEM;
-    }
-  }
+  if (!add_fabric(std::move(fs))) return -FI_ENOMEM;
   f->ops = ops;
   f->fid.ops = fid_ops;
   *fabric = f;
   stats().fabrics.fetch_add(1, std::memory_order_relaxed);
   if (cfg().progress_thread) progress_thread_start();
   return 0;
-}
-
-void hook_cleanup() {
-  progress_thread_stop();
-  write_stats();
-}
-
-fi_provider g_prov = {
-    .version = FI_VERSION(0, 1),
-    .fi_version = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION),
-    .context = {},
-    .name = "ofi_hook_compcntr",
-    .getinfo = nullptr,  // NULL getinfo: libfabric treats the provider as a hook
-    .fabric = hook_fabric,
-    .cleanup = hook_cleanup,
-};
-
-// libfabric may never call cleanup (a process that never initialised it, an exit path that
-// skips destructors of libfabric first): the stats line is then written here.
-struct at_unload {
-  ~at_unload() {
-    progress_thread_stop();
-    write_stats();
-  }
-} g_at_unload;
-
-}  // namespace
-
-fi_provider& self() noexcept { return g_prov; }
-const config& cfg() noexcept { return g_cfg; }
-statistics& stats() noexcept { return g_stats; }
-
-void write_stats() noexcept {
-  if (g_cfg.stats_path.empty() || g_stats_written.exchange(true)) return;
-  std::uint64_t reads = g_stats.reads.load(), readerrs = g_stats.readerrs.load(), waits = g_stats.waits.load();
-  sum_live_counts(reads, readerrs, waits);
-  std::string provs;
-  {
-    std::lock_guard lk(g_objects_mu);
-    try {
-      provs = g_providers.empty() ? "-" : g_providers;
-    } catch (...) {
-    }
-  }
-  char line[1024];
-  const int n = std::snprintf(
-      line, sizeof line,
-      "compcntr-hook pid=%d fabrics=%" PRIu64 " domains=%" PRIu64 " cntr_open=%" PRIu64
-      " cntr_served=%" PRIu64 " cntr_bound=%" PRIu64 " cntr_reads=%" PRIu64 " cntr_readerrs=%" PRIu64 " cntr_waits=%" PRIu64
-      " cntr_closed=%" PRIu64 " cntr_open_refused=%" PRIu64 " trywaits=%" PRIu64
-      " triggers_translated=%" PRIu64 " work_translated=%" PRIu64 " progress_thread=%d providers=%s\n",
-      static_cast<int>(getpid()), g_stats.fabrics.load(), g_stats.domains.load(), g_stats.cntr_open.load(),
-      g_stats.cntr_served.load(),
-      g_stats.cntr_bound.load(), reads, readerrs, waits, g_stats.cntr_closed.load(),
-      g_stats.cntr_open_refused.load(), g_stats.trywaits.load(), g_stats.triggers_translated.load(),
-      g_stats.work_translated.load(), g_cfg.progress_thread ? 1 : 0, provs.c_str());
-  if (n <= 0) return;
-  // One write(2) of the whole line with O_APPEND: lines of concurrent processes never interleave.
-  const int fd = ::open(g_cfg.stats_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    std::fprintf(stderr, "compcntr-hook: cannot open COMPCNTR_FI_HOOK_STATS=%s: %s\n",
-                 g_cfg.stats_path.c_str(), std::strerror(errno));
-    return;
-  }
-  const std::size_t len = static_cast<std::size_t>(n) < sizeof line ? static_cast<std::size_t>(n) : sizeof line - 1;
-  if (::write(fd, line, len) < 0)
-    std::fprintf(stderr, "compcntr-hook: cannot write %s: %s\n", g_cfg.stats_path.c_str(), std::strerror(errno));
-  ::close(fd);
-}
-
-compcntr_device* device() noexcept {
-  // Opened once, kept for the life of the process (counters may be closed after any static
-  // destructor of ours ran).
-  static compcntr_device* dev = [] {
-    compcntr_device* d = compcntr_open_device("soft");
-    if (d == nullptr)
-      FI_WARN(&self(), FI_LOG_CNTR, "compcntr_open_device(soft): %s\n", compcntr_last_error_message());
-    return d;
-  }();
-  return dev;
-}
-
-fabric_state* find_fabric(fid_fabric* f) noexcept {
-  std::lock_guard lk(g_objects_mu);
-  auto it = fabrics().find(f);
-  return it == fabrics().end() ? nullptr : it->second.get();
-}
-
-domain_state* find_domain(fid_domain* d) noexcept {
-  std::lock_guard lk(g_objects_mu);
-  auto it = domains().find(d);
-  return it == domains().end() ? nullptr : it->second.get();
 }
 
 void install_domain(fid_domain* d, fabric_state* fs) noexcept {
@@ -918,14 +762,9 @@ void install_domain(fid_domain* d, fabric_state* fs) noexcept {
     return;
   }
   ds->orig = orig_of(ops);
-  {
-    std::lock_guard lk(g_objects_mu);
-    try {
-      domains()[d] = std::move(ds);
-    } catch (...) {
-      FI_WARN(&self(), FI_LOG_DOMAIN, "out of memory: domain left unhooked\n");
-      return;
-    }
+  if (!add_domain(std::move(ds))) {
+    FI_WARN(&self(), FI_LOG_DOMAIN, "out of memory: domain left unhooked\n");
+    return;
   }
   d->ops = ops;
   d->fid.ops = fid_ops;
@@ -942,8 +781,3 @@ void install_ep(fid_ep* ep, bool trigger_tx, bool trigger_rx) noexcept {
 }
 
 }  // namespace compcntr_hook
-
-extern "C" __attribute__((visibility("default"))) struct fi_provider* fi_prov_ini(void) {
-  compcntr_hook::read_config();
-  return &compcntr_hook::self();
-}
