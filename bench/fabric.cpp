@@ -37,7 +37,8 @@ struct env : handles {
 };
 
 std::string err(const char* call, int ret) {
-  return std::string(call) + ": " + fi_strerror(ret < 0 ? -ret : ret) + " (" + std::to_string(ret) + ")";
+  return std::string(call) + ": " + fi_strerror(ret < 0 ? -ret : ret) + " (" + std::to_string(ret) +
+         ")";
 }
 
 /// Opens the counter with a wait object when the provider allows one (fi_cntr_wait needs it; it
@@ -73,25 +74,32 @@ std::unique_ptr<env> open_env(const std::string& provider, std::string& why) {
                        hints, &e->info);
   fi_freeinfo(hints);
   if (ret) {
-    why = "fi_getinfo(" + provider + ", FI_EP_RDM" + (ip ? ", 127.0.0.1" : "") + "): " +
-          fi_strerror(-ret);
+    why = "fi_getinfo(" + provider + ", FI_EP_RDM" + (ip ? ", 127.0.0.1" : "") +
+          "): " + fi_strerror(-ret);
     e->info = nullptr;
     return nullptr;
   }
   e->provider = e->info->fabric_attr->prov_name ? e->info->fabric_attr->prov_name : provider;
-  if ((ret = fi_fabric(e->info->fabric_attr, &e->fabric, nullptr))) return why = err("fi_fabric", ret), nullptr;
-  if ((ret = fi_domain(e->fabric, e->info, &e->domain, nullptr))) return why = err("fi_domain", ret), nullptr;
+  if ((ret = fi_fabric(e->info->fabric_attr, &e->fabric, nullptr)))
+    return why = err("fi_fabric", ret), nullptr;
+  if ((ret = fi_domain(e->fabric, e->info, &e->domain, nullptr)))
+    return why = err("fi_domain", ret), nullptr;
   fi_av_attr av_attr{};
   av_attr.type = FI_AV_TABLE;
-  if ((ret = fi_av_open(e->domain, &av_attr, &e->av, nullptr))) return why = err("fi_av_open", ret), nullptr;
+  if ((ret = fi_av_open(e->domain, &av_attr, &e->av, nullptr)))
+    return why = err("fi_av_open", ret), nullptr;
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_CONTEXT;
   cq_attr.size = 128;
-  if ((ret = fi_cq_open(e->domain, &cq_attr, &e->cq, nullptr))) return why = err("fi_cq_open", ret), nullptr;
-  if ((ret = open_cntr(e->domain, &e->bound, e->wait_obj))) return why = err("fi_cntr_open", ret), nullptr;
+  if ((ret = fi_cq_open(e->domain, &cq_attr, &e->cq, nullptr)))
+    return why = err("fi_cq_open", ret), nullptr;
+  if ((ret = open_cntr(e->domain, &e->bound, e->wait_obj)))
+    return why = err("fi_cntr_open", ret), nullptr;
   std::string unused;
-  if ((ret = open_cntr(e->domain, &e->unbound, unused))) return why = err("fi_cntr_open", ret), nullptr;
-  if ((ret = fi_endpoint(e->domain, e->info, &e->ep, nullptr))) return why = err("fi_endpoint", ret), nullptr;
+  if ((ret = open_cntr(e->domain, &e->unbound, unused)))
+    return why = err("fi_cntr_open", ret), nullptr;
+  if ((ret = fi_endpoint(e->domain, e->info, &e->ep, nullptr)))
+    return why = err("fi_endpoint", ret), nullptr;
   if ((ret = fi_ep_bind(e->ep, &e->av->fid, 0))) return why = err("fi_ep_bind(av)", ret), nullptr;
   if ((ret = fi_ep_bind(e->ep, &e->cq->fid, FI_TRANSMIT | FI_RECV)))
     return why = err("fi_ep_bind(cq)", ret), nullptr;
@@ -149,7 +157,8 @@ std::string open_side(const handles& h, side_objs& s) {
     return err("fi_cntr_open(FI_WAIT_UNSPEC)", ret);
   if ((ret = fi_endpoint(h.domain, h.info, &s.ep, nullptr))) return err("fi_endpoint", ret);
   if ((ret = fi_ep_bind(s.ep, &s.av->fid, 0))) return err("fi_ep_bind(av)", ret);
-  if ((ret = fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV))) return err("fi_ep_bind(cq)", ret);
+  if ((ret = fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV)))
+    return err("fi_ep_bind(cq)", ret);
   if ((ret = fi_ep_bind(s.ep, &s.cntr->fid, FI_SEND | FI_RECV)))
     return err("fi_ep_bind(cntr, FI_SEND | FI_RECV)", ret);
   if ((ret = fi_enable(s.ep))) return err("fi_enable", ret);
@@ -160,7 +169,8 @@ std::unique_ptr<pair_env> open_pair(const std::string& provider, std::string& wh
   const handles* h = get(provider, why);
   if (!h) return nullptr;
   auto p = std::make_unique<pair_env>();
-  if (!(why = open_side(*h, p->s1)).empty() || !(why = open_side(*h, p->s2)).empty()) return nullptr;
+  if (!(why = open_side(*h, p->s1)).empty() || !(why = open_side(*h, p->s2)).empty())
+    return nullptr;
   p->a = p->s1.cntr;
   p->b = p->s2.cntr;
   p->provider = h->provider;
@@ -184,7 +194,8 @@ void describe(variant& v, const handles* h) {
   v.notes["fabric"] = h->info->fabric_attr->name ? h->info->fabric_attr->name : "";
   v.notes["domain"] = h->info->domain_attr->name ? h->info->domain_attr->name : "";
   v.notes["wait_obj"] = h->wait_obj;
-  v.notes["libfabric"] = std::to_string(FI_MAJOR(fi_version())) + "." + std::to_string(FI_MINOR(fi_version()));
+  v.notes["libfabric"] =
+      std::to_string(FI_MAJOR(fi_version())) + "." + std::to_string(FI_MINOR(fi_version()));
 }
 
 // The timed loops: exactly the application's call (fi_cntr_read/fi_cntr_add are libfabric's
@@ -239,7 +250,8 @@ void describe(variant& v, const wait_pair& p) {
   v.notes["provider"] = p.provider;
   v.notes["wait_obj"] = p.wait_obj;
   v.notes["setup"] = "two endpoints, each with its own counter bound (FI_SEND | FI_RECV)";
-  v.notes["libfabric"] = std::to_string(FI_MAJOR(fi_version())) + "." + std::to_string(FI_MINOR(fi_version()));
+  v.notes["libfabric"] =
+      std::to_string(FI_MAJOR(fi_version())) + "." + std::to_string(FI_MINOR(fi_version()));
 }
 
 variant read_variant(const std::string& label, const std::string& provider, which w) {

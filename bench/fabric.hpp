@@ -41,10 +41,10 @@ struct handles {
   fid_av* av = nullptr;
   fid_cq* cq = nullptr;
   fid_ep* ep = nullptr;
-  fid_cntr* bound = nullptr;    ///< bound to ep with FI_SEND | FI_RECV; ep enabled
-  fid_cntr* unbound = nullptr;  ///< same domain, no endpoint bound
-  std::string provider;         ///< fi_info's provider name as libfabric reports it
-  std::string wait_obj;         ///< wait object the counters were opened with
+  fid_cntr* bound = nullptr; ///< bound to ep with FI_SEND | FI_RECV; ep enabled
+  fid_cntr* unbound = nullptr; ///< same domain, no endpoint bound
+  std::string provider; ///< fi_info's provider name as libfabric reports it
+  std::string wait_obj; ///< wait object the counters were opened with
 };
 
 /// The provider's objects (opened on first use), or nullptr with `why`.
@@ -67,10 +67,10 @@ variant add_variant(const std::string& label, const std::string& provider, which
 /// bound to an endpoint drives that endpoint's progress, as in an application) and adds to the
 /// other's. Opened on first use, cached like get(); closed by close_all().
 struct wait_pair {
-  fid_cntr* a = nullptr;   ///< the initiator's counter (endpoint 1)
-  fid_cntr* b = nullptr;   ///< the responder's counter (endpoint 2)
+  fid_cntr* a = nullptr; ///< the initiator's counter (endpoint 1)
+  fid_cntr* b = nullptr; ///< the responder's counter (endpoint 2)
   std::string provider;
-  std::string wait_obj;    ///< as requested; the provider maps FI_WAIT_UNSPEC to its default
+  std::string wait_obj; ///< as requested; the provider maps FI_WAIT_UNSPEC to its default
 };
 const wait_pair* get_wait_pair(const std::string& provider, std::string& why);
 
@@ -86,4 +86,4 @@ std::string error_text(const char* call, int ret);
 /// Notes for a variant using `p` (provider, wait object, libfabric version).
 void describe(variant& v, const wait_pair& p);
 
-}  // namespace bench::fabric
+} // namespace bench::fabric

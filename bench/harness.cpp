@@ -150,8 +150,8 @@ std::vector<result> context::measure(std::vector<variant> vs) const {
   // Calibration doubles as warm-up: grow n until a sample is long enough to time well, then
   // scale to the requested sample length and run one more (discarded) sample at that size.
   for (std::size_t i : live) {
-    const double sample_ns = (vs[i].sample_ms > 0 ? std::min(vs[i].sample_ms, opt.sample_ms)
-                                                  : opt.sample_ms) * 1e6;
+    const double sample_ns =
+        (vs[i].sample_ms > 0 ? std::min(vs[i].sample_ms, opt.sample_ms) : opt.sample_ms) * 1e6;
     if (vs[i].fixed_n) {
       n[i] = vs[i].fixed_n;
     } else {
@@ -162,8 +162,8 @@ std::vector<result> context::measure(std::vector<variant> vs) const {
         k = static_cast<std::uint64_t>(static_cast<double>(k) * grow);
         t = vs[i].run(k);
       }
-      n[i] = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(static_cast<double>(k) * sample_ns /
-                                                                   std::max(t, 1.0)));
+      n[i] = std::max<std::uint64_t>(
+          1, static_cast<std::uint64_t>(static_cast<double>(k) * sample_ns / std::max(t, 1.0)));
     }
     vs[i].run(n[i]);
   }
@@ -210,9 +210,11 @@ double context::two_threads(std::uint64_t n, const std::function<void(std::uint6
     body(a, n, sa);
     tb.join();
     const double window = std::chrono::duration<double, std::nano>(std::max(sa.end, sb.end) -
-                                                                   std::min(sa.start, sb.start)).count();
+                                                                   std::min(sa.start, sb.start))
+                              .count();
     // Both threads on their CPUs for most of the window: each one's CPU time covers it.
-    return std::make_pair((sa.cpu + sb.cpu) / 2, window > 0 ? std::min(sa.cpu, sb.cpu) / window : 0.0);
+    return std::make_pair((sa.cpu + sb.cpu) / 2,
+                          window > 0 ? std::min(sa.cpu, sb.cpu) / window : 0.0);
   };
   ++pair_stats.samples;
   auto best = once();
@@ -279,7 +281,8 @@ std::map<std::string, std::string> context::run_probe(const std::string& name,
   }
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);)
-    if (auto eq = line.find('='); eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 1);
+    if (auto eq = line.find('='); eq != std::string::npos)
+      kv[line.substr(0, eq)] = line.substr(eq + 1);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     why = "probe '" + name + "' failed (status " + std::to_string(status) + ")";
     if (auto e = kv.find("error"); e != kv.end()) why += ": " + e->second;

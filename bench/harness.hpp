@@ -67,13 +67,13 @@ inline double thread_cpu_ns() noexcept {
 // ---- options and machine ----
 
 struct options {
-  int reps = 21;              ///< samples per variant (median of these is reported)
-  double sample_ms = 25;      ///< target duration of one sample
-  bool smoke = false;         ///< every row tiny: checks that the program works, not timings
-  bool pin = true;            ///< pin threads to the allowed CPUs
-  std::string out;            ///< directory for compcntr_bench.json / .svg ("" = none)
-  std::vector<std::string> rows;  ///< selected row ids (empty = all)
-  std::string self;           ///< path of this program (for probes run in a fresh process)
+  int reps = 21; ///< samples per variant (median of these is reported)
+  double sample_ms = 25; ///< target duration of one sample
+  bool smoke = false; ///< every row tiny: checks that the program works, not timings
+  bool pin = true; ///< pin threads to the allowed CPUs
+  std::string out; ///< directory for compcntr_bench.json / .svg ("" = none)
+  std::vector<std::string> rows; ///< selected row ids (empty = all)
+  std::string self; ///< path of this program (for probes run in a fresh process)
 };
 
 /// CPUs this process may run on (sched_getaffinity), in increasing order.
@@ -91,13 +91,13 @@ stats summarize(std::vector<double> samples);
 
 /// One measured quantity: compcntr's or a reference's.
 struct result {
-  std::string name;            ///< what was measured, e.g. "fi_cntr_read (tcp;ofi_rxm, bound)"
+  std::string name; ///< what was measured, e.g. "fi_cntr_read (tcp;ofi_rxm, bound)"
   std::string unit = "ns/op";
   bool available = true;
-  std::string why;             ///< reason when !available
-  std::uint64_t n = 0;         ///< operations per sample
+  std::string why; ///< reason when !available
+  std::uint64_t n = 0; ///< operations per sample
   stats st;
-  std::map<std::string, std::string> notes;  ///< extra facts for the JSON (provider info, ...)
+  std::map<std::string, std::string> notes; ///< extra facts for the JSON (provider info, ...)
 
   static result unavailable(std::string name, std::string why, std::string unit = "ns/op") {
     result r;
@@ -163,26 +163,26 @@ inline variant unavailable_variant(std::string name, std::string why) {
 
 /// How a line is judged.
 enum class goal {
-  info,              ///< no target: ratio ref/cc shown for information
-  ratio_at_most,     ///< "within Nx of ref":        cc / ref <= target
-  speedup_at_least,  ///< ">= Nx faster than ref":   ref / cc >= target
-  speedup_above,     ///< "faster than ref":          ref / cc >  target
-  value_at_most,     ///< absolute:                   cc <= target (no reference)
+  info, ///< no target: ratio ref/cc shown for information
+  ratio_at_most, ///< "within Nx of ref":        cc / ref <= target
+  speedup_at_least, ///< ">= Nx faster than ref":   ref / cc >= target
+  speedup_above, ///< "faster than ref":          ref / cc >  target
+  value_at_most, ///< absolute:                   cc <= target (no reference)
 };
 
 struct check {
-  std::string row;       ///< "P1"
-  std::string measure;   ///< what this line compares
-  result cc;             ///< compcntr
-  result ref;            ///< reference (name empty: none)
+  std::string row; ///< "P1"
+  std::string measure; ///< what this line compares
+  result cc; ///< compcntr
+  result ref; ///< reference (name empty: none)
   goal g = goal::info;
   double target = 0;
-  std::string note;      ///< one short remark printed under the table (optional)
+  std::string note; ///< one short remark printed under the table (optional)
 
   // Filled by the report:
-  double ratio = 0, ratio_min = 0, ratio_max = 0;  ///< of medians; range of paired samples
-  std::string ratio_kind;                          ///< "cc/ref", "ref/cc" or ""
-  std::string verdict;                             ///< PASS, FAIL, info, n/a
+  double ratio = 0, ratio_min = 0, ratio_max = 0; ///< of medians; range of paired samples
+  std::string ratio_kind; ///< "cc/ref", "ref/cc" or ""
+  std::string verdict; ///< PASS, FAIL, info, n/a
   std::string target_text;
 };
 
@@ -232,9 +232,9 @@ class context {
   static constexpr double min_overlap = 0.9;
   static constexpr int max_retries = 50;
   struct pair_counts {
-    std::uint64_t samples = 0;      ///< two_threads() calls
-    std::uint64_t retries = 0;      ///< re-runs because the overlap was too small
-    std::uint64_t low_overlap = 0;  ///< samples kept although still below min_overlap
+    std::uint64_t samples = 0; ///< two_threads() calls
+    std::uint64_t retries = 0; ///< re-runs because the overlap was too small
+    std::uint64_t low_overlap = 0; ///< samples kept although still below min_overlap
   };
   mutable pair_counts pair_stats;
 
@@ -251,8 +251,8 @@ class context {
 // ---- registry ----
 
 struct row_info {
-  const char* id;      ///< "P1"
-  const char* title;   ///< one line
+  const char* id; ///< "P1"
+  const char* title; ///< one line
   void (*run)(context&);
 };
 bool register_row(row_info r);
@@ -271,14 +271,14 @@ const probe_info* find_probe(const std::string& name);
 /// VmRSS of this process in bytes (from /proc/self/status), or 0 if unreadable.
 std::uint64_t rss_bytes();
 
-}  // namespace bench
+} // namespace bench
 
 #define COMPCNTR_BENCH_CAT2(a, b) a##b
 #define COMPCNTR_BENCH_CAT(a, b) COMPCNTR_BENCH_CAT2(a, b)
 /// Registers a row at static-initialisation time (rows are linked into the program directly).
-#define COMPCNTR_BENCH_ROW(id, title, fn)                                              \
+#define COMPCNTR_BENCH_ROW(id, title, fn)                                                  \
   [[maybe_unused]] static const bool COMPCNTR_BENCH_CAT(bench_row_registered_, __LINE__) = \
       ::bench::register_row(::bench::row_info{id, title, fn})
-#define COMPCNTR_BENCH_PROBE(name, fn)                                                   \
+#define COMPCNTR_BENCH_PROBE(name, fn)                                                       \
   [[maybe_unused]] static const bool COMPCNTR_BENCH_CAT(bench_probe_registered_, __LINE__) = \
       ::bench::register_probe(::bench::probe_info{name, fn})

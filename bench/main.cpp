@@ -22,18 +22,18 @@
 namespace {
 
 void usage(std::FILE* f) {
-  std::fprintf(f,
-      "usage: compcntr_bench [options]\n"
-      "  --rows P1,P3     run only these rows (default: all; see --list)\n"
-      "  --reps N         samples per measured variant (default 21; the median is reported)\n"
-      "  --sample-ms X    target length of one sample in ms (default 25)\n"
-      "  --out DIR        write DIR/compcntr_bench.json and DIR/compcntr_bench.svg\n"
-      "                   (default " COMPCNTR_BENCH_DEFAULT_OUT ")\n"
-      "  --no-out         write no files\n"
-      "  --smoke          every row tiny (reps 2, 1 ms samples, small counts): checks that the\n"
-      "                   program works; its numbers mean nothing\n"
-      "  --no-pin         do not pin threads to CPUs\n"
-      "  --list           list the rows and exit\n");
+  std::fprintf(
+      f, "usage: compcntr_bench [options]\n"
+         "  --rows P1,P3     run only these rows (default: all; see --list)\n"
+         "  --reps N         samples per measured variant (default 21; the median is reported)\n"
+         "  --sample-ms X    target length of one sample in ms (default 25)\n"
+         "  --out DIR        write DIR/compcntr_bench.json and DIR/compcntr_bench.svg\n"
+         "                   (default " COMPCNTR_BENCH_DEFAULT_OUT ")\n"
+         "  --no-out         write no files\n"
+         "  --smoke          every row tiny (reps 2, 1 ms samples, small counts): checks that the\n"
+         "                   program works; its numbers mean nothing\n"
+         "  --no-pin         do not pin threads to CPUs\n"
+         "  --list           list the rows and exit\n");
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
     } else if (a == "--sample-ms") {
       opt.sample_ms = std::atof(value().c_str());
       sample_given = true;
-      if (!(opt.sample_ms > 0)) return std::fprintf(stderr, "compcntr_bench: --sample-ms must be > 0\n"), 2;
+      if (!(opt.sample_ms > 0))
+        return std::fprintf(stderr, "compcntr_bench: --sample-ms must be > 0\n"), 2;
     } else if (a == "--out") {
       opt.out = value();
     } else if (a == "--no-out") {
@@ -155,8 +156,10 @@ int main(int argc, char** argv) {
   if (!opt.out.empty()) {
     if (!make_dirs(opt.out))
       return std::fprintf(stderr, "compcntr_bench: cannot create %s: %s\n", opt.out.c_str(),
-                          std::strerror(errno)), 1;
-    const std::string json = opt.out + "/compcntr_bench.json", svg = opt.out + "/compcntr_bench.svg";
+                          std::strerror(errno)),
+             1;
+    const std::string json = opt.out + "/compcntr_bench.json",
+                      svg = opt.out + "/compcntr_bench.svg";
     if (!bench::write_json(json, info, ctx.lines) || !bench::write_svg(svg, info, ctx.lines))
       return std::fprintf(stderr, "compcntr_bench: cannot write into %s\n", opt.out.c_str()), 1;
     std::printf("wrote %s and %s\n", json.c_str(), svg.c_str());

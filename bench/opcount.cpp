@@ -42,7 +42,8 @@ extern "C" {
 __attribute__((noinline)) void opcount_read(const compcntr::counter& c, std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) bench::keep(c.value());
 }
-__attribute__((noinline)) void opcount_raw_load(const std::atomic<std::uint64_t>& a, std::uint64_t n) {
+__attribute__((noinline)) void opcount_raw_load(const std::atomic<std::uint64_t>& a,
+                                                std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) bench::keep(a.load(std::memory_order_acquire));
 }
 __attribute__((noinline)) void opcount_add(compcntr::counter& c, std::uint64_t n) {
@@ -130,11 +131,13 @@ __attribute__((noinline)) void opcount_raw_poll_timeout(const std::atomic<std::u
 /// libstdc++'s atomic<uint64_t>::wait / fetch_add + notify_one, and for P5's raw futex pair
 /// (fetch_add + FUTEX_WAKE_PRIVATE; load, compare, FUTEX_WAIT_PRIVATE on the low half).
 __attribute__((noinline)) void opcount_sleep_wait(const compcntr::counter& c) {
-  bench::keep(static_cast<std::uint64_t>(
-      compcntr::wait(c, 1, std::chrono::milliseconds(2000), {.spin = std::chrono::nanoseconds(0)})));
+  bench::keep(static_cast<std::uint64_t>(compcntr::wait(c, 1, std::chrono::milliseconds(2000),
+                                                        {.spin = std::chrono::nanoseconds(0)})));
 }
 __attribute__((noinline)) void opcount_sleep_wake(compcntr::counter& c) { c.add(1); }
-__attribute__((noinline)) void opcount_atomic_wait(const std::atomic<std::uint64_t>& a) { a.wait(0); }
+__attribute__((noinline)) void opcount_atomic_wait(const std::atomic<std::uint64_t>& a) {
+  a.wait(0);
+}
 __attribute__((noinline)) void opcount_atomic_wake(std::atomic<std::uint64_t>& a) {
   a.fetch_add(1);
   a.notify_one();
@@ -142,11 +145,13 @@ __attribute__((noinline)) void opcount_atomic_wake(std::atomic<std::uint64_t>& a
 __attribute__((noinline)) void opcount_futex_wait(std::atomic<std::uint64_t>& a) {
   const timespec ts{2, 0};
   while (a.load(std::memory_order_acquire) < 1)
-    ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAIT_PRIVATE, 0u, &ts, nullptr, 0);
+    ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAIT_PRIVATE, 0u, &ts, nullptr,
+              0);
 }
 __attribute__((noinline)) void opcount_futex_wake(std::atomic<std::uint64_t>& a) {
   a.fetch_add(1);
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAKE_PRIVATE, 1, nullptr,
+            nullptr, 0);
 }
 
 }  // extern "C"
@@ -166,7 +171,8 @@ void poll_until_set(Poll poll, Set set, int ms) {
 }  // namespace
 
 /// Not counted (name does not match opcount_*): fills the pool so the counted pass recycles slots.
-__attribute__((noinline)) static void warm_pool(compcntr::device& dev, std::vector<compcntr::counter>& v,
+__attribute__((noinline)) static void warm_pool(compcntr::device& dev,
+                                                std::vector<compcntr::counter>& v,
                                                 std::uint64_t n) {
   std::error_code ec;
   for (std::uint64_t i = 0; i < n; ++i) v[i] = dev.create_counter(compcntr::counter_type::wrs, ec);
@@ -200,19 +206,26 @@ int main(int argc, char** argv) {
     compcntr_set_comp_cntr(cc, 42);
   }
   std::uint64_t failures = 0;
-  if (op == "read") opcount_read(c, n);
-  else if (op == "raw_load") opcount_raw_load(a, n);
-  else if (op == "add") opcount_add(c, n);
-  else if (op == "raw_add") opcount_raw_add(a, n);
+  if (op == "read")
+    opcount_read(c, n);
+  else if (op == "raw_load")
+    opcount_raw_load(a, n);
+  else if (op == "add")
+    opcount_add(c, n);
+  else if (op == "raw_add")
+    opcount_raw_add(a, n);
   else if (op == "create_destroy") {
     std::vector<compcntr::counter> v(n);
     warm_pool(dev, v, n);
     opcount_create_destroy(dev, v, n);
   } else if (op == "striped_add" || op == "striped_read") {
     auto sc = dev.create_counter(compcntr::counter_options{.stripes = 2}, ec);
-    if (ec) return std::fprintf(stderr, "create striped: %s\n", compcntr::last_error_message().data()), 1;
-    if (op == "striped_add") opcount_striped_add(sc, n);
-    else opcount_striped_read(sc, n);
+    if (ec)
+      return std::fprintf(stderr, "create striped: %s\n", compcntr::last_error_message().data()), 1;
+    if (op == "striped_add")
+      opcount_striped_add(sc, n);
+    else
+      opcount_striped_read(sc, n);
   } else if (op == "create_destroy_one") {
     opcount_create_destroy_one(dev, n);
   } else if (op == "freelist_one" || op == "freelist_all") {
@@ -220,16 +233,25 @@ int main(int argc, char** argv) {
     if (!mem) return std::fprintf(stderr, "mmap failed\n"), 1;
     bench::rows::free_list fl(mem, static_cast<std::uint32_t>(n));
     std::vector<bench::rows::block128*> held(n);
-    if (op == "freelist_one") opcount_freelist_one(fl, n);
-    else opcount_freelist_all(fl, held, n);
+    if (op == "freelist_one")
+      opcount_freelist_one(fl, n);
+    else
+      opcount_freelist_all(fl, held, n);
     bench::rows::unmap_blocks(mem, n);
-  } else if (op == "c_read") p11_c_read(cc, n, &failures);
-  else if (op == "c_read_err") p11_c_read_err(cc, n, &failures);
-  else if (op == "c_inc") p11_c_inc(cc, n, &failures);
-  else if (op == "c_inc_err") p11_c_inc_err(cc, n, &failures);
-  else if (op == "c_wait_satisfied") p11_c_wait_satisfied(cc, 1, n, &failures);
-  else if (op == "c_raw_load") p11_c_raw_load(&a, n);
-  else if (op == "c_raw_fetch_add") p11_c_raw_fetch_add(&a, n);
+  } else if (op == "c_read")
+    p11_c_read(cc, n, &failures);
+  else if (op == "c_read_err")
+    p11_c_read_err(cc, n, &failures);
+  else if (op == "c_inc")
+    p11_c_inc(cc, n, &failures);
+  else if (op == "c_inc_err")
+    p11_c_inc_err(cc, n, &failures);
+  else if (op == "c_wait_satisfied")
+    p11_c_wait_satisfied(cc, 1, n, &failures);
+  else if (op == "c_raw_load")
+    p11_c_raw_load(&a, n);
+  else if (op == "c_raw_fetch_add")
+    p11_c_raw_fetch_add(&a, n);
   else if (op == "c_create_destroy") {
     std::vector<compcntr_comp_cntr*> v(n);
     compcntr_comp_cntr_init_attr attr{};
@@ -241,11 +263,14 @@ int main(int argc, char** argv) {
     poll_until_set([&] { op == "wait_poll" ? opcount_wait_poll(c) : opcount_wait_poll_timeout(c); },
                    [&] { c.add(1); }, ms);
   } else if (op == "sleep") {  // N: the waker's delay in ms (the waiter is asleep by then)
-    poll_until_set([&] { opcount_sleep_wait(c); }, [&] { opcount_sleep_wake(c); }, static_cast<int>(n));
+    poll_until_set([&] { opcount_sleep_wait(c); }, [&] { opcount_sleep_wake(c); },
+                   static_cast<int>(n));
   } else if (op == "atomic_sleep") {
-    poll_until_set([&] { opcount_atomic_wait(a); }, [&] { opcount_atomic_wake(a); }, static_cast<int>(n));
+    poll_until_set([&] { opcount_atomic_wait(a); }, [&] { opcount_atomic_wake(a); },
+                   static_cast<int>(n));
   } else if (op == "futex_sleep") {
-    poll_until_set([&] { opcount_futex_wait(a); }, [&] { opcount_futex_wake(a); }, static_cast<int>(n));
+    poll_until_set([&] { opcount_futex_wait(a); }, [&] { opcount_futex_wake(a); },
+                   static_cast<int>(n));
   } else if (op == "raw_poll" || op == "raw_poll_timeout") {
     const int ms = static_cast<int>(n);
     poll_until_set([&] { op == "raw_poll" ? opcount_raw_poll(a) : opcount_raw_poll_timeout(a); },
@@ -254,7 +279,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "unknown op '%s' (OP: %s)\n", op.c_str(), ops);
     return 2;
   }
-  if (failures != 0) return std::fprintf(stderr, "%llu C calls failed\n", static_cast<unsigned long long>(failures)), 1;
+  if (failures != 0)
+    return std::fprintf(stderr, "%llu C calls failed\n", static_cast<unsigned long long>(failures)),
+           1;
   if (cc) compcntr_destroy_comp_cntr(cc);
   if (cdev) compcntr_close_device(cdev);
   std::printf("%s x %llu done (value %llu)\n", op.c_str(), static_cast<unsigned long long>(n),

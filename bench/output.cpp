@@ -48,11 +48,16 @@ std::string human(double v) {
   char buf[64];
   // Above 100: an integer prints as one, anything else with one decimal (128.2 B/counter must
   // not print as the 128 B target it fails).
-  if (v >= 100 && std::fabs(v - std::round(v)) < 0.0005) std::snprintf(buf, sizeof buf, "%.0f", v);
-  else if (v >= 100) std::snprintf(buf, sizeof buf, "%.1f", v);
-  else if (v >= 10) std::snprintf(buf, sizeof buf, "%.1f", v);
-  else if (v >= 1) std::snprintf(buf, sizeof buf, "%.2f", v);
-  else std::snprintf(buf, sizeof buf, "%.3f", v);
+  if (v >= 100 && std::fabs(v - std::round(v)) < 0.0005)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else if (v >= 100)
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+  else if (v >= 10)
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+  else if (v >= 1)
+    std::snprintf(buf, sizeof buf, "%.2f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.3f", v);
   return buf;
 }
 
@@ -121,7 +126,8 @@ void json_result(std::ostream& o, const result& r) {
   if (r.available) {
     o << ", \"n_per_sample\": " << r.n << ", \"median\": " << num(r.st.median, 6)
       << ", \"q1\": " << num(r.st.q1, 6) << ", \"q3\": " << num(r.st.q3, 6)
-      << ", \"min\": " << num(r.st.min, 6) << ", \"max\": " << num(r.st.max, 6) << ", \"samples\": [";
+      << ", \"min\": " << num(r.st.min, 6) << ", \"max\": " << num(r.st.max, 6)
+      << ", \"samples\": [";
     for (std::size_t i = 0; i < r.st.samples.size(); ++i)
       o << (i ? ", " : "") << num(r.st.samples[i], 6);
     o << "]";
@@ -170,7 +176,8 @@ run_info collect_run_info(const options& opt) {
 void print_table(std::FILE* f, const run_info& info, const std::vector<check>& lines) {
   std::fprintf(f, "compcntr_bench %s (%s) on %s, %zu CPU(s), %s\n", info.version.c_str(),
                info.build.c_str(), info.cpu_model.c_str(), info.cpus.size(), info.date.c_str());
-  std::fprintf(f, "median of %d samples of ~%g ms each, ± = half the min-max spread; "
+  std::fprintf(f,
+               "median of %d samples of ~%g ms each, ± = half the min-max spread; "
                "load average at start: %s\n\n",
                info.opt.reps, info.opt.sample_ms, info.loadavg_start.c_str());
   const char* hdr = "%-4s %-50s %-22s %-22s %-26s %-13s %s\n";
@@ -204,21 +211,24 @@ void print_table(std::FILE* f, const run_info& info, const std::vector<check>& l
 
 bool write_json(const std::string& path, const run_info& info, const std::vector<check>& lines) {
   std::ostringstream o;
-  o << "{\n  \"program\": " << json_str(info.program) << ",\n  \"version\": " << json_str(info.version)
-    << ",\n  \"build\": " << json_str(info.build) << ",\n  \"compiler\": " << json_str(info.compiler)
-    << ",\n  \"date\": " << json_str(info.date) << ",\n  \"machine\": {\"host\": " << json_str(info.host)
+  o << "{\n  \"program\": " << json_str(info.program)
+    << ",\n  \"version\": " << json_str(info.version) << ",\n  \"build\": " << json_str(info.build)
+    << ",\n  \"compiler\": " << json_str(info.compiler) << ",\n  \"date\": " << json_str(info.date)
+    << ",\n  \"machine\": {\"host\": " << json_str(info.host)
     << ", \"cpu\": " << json_str(info.cpu_model) << ", \"kernel\": " << json_str(info.kernel)
     << ", \"cpus\": [";
   for (std::size_t i = 0; i < info.cpus.size(); ++i) o << (i ? ", " : "") << info.cpus[i];
   o << "], \"loadavg_start\": " << json_str(info.loadavg_start)
-    << ", \"loadavg_end\": " << json_str(info.loadavg_end) << "},\n  \"options\": {\"reps\": "
-    << info.opt.reps << ", \"sample_ms\": " << num(info.opt.sample_ms) << ", \"smoke\": "
-    << (info.opt.smoke ? "true" : "false") << ", \"pin\": " << (info.opt.pin ? "true" : "false")
+    << ", \"loadavg_end\": " << json_str(info.loadavg_end)
+    << "},\n  \"options\": {\"reps\": " << info.opt.reps
+    << ", \"sample_ms\": " << num(info.opt.sample_ms)
+    << ", \"smoke\": " << (info.opt.smoke ? "true" : "false")
+    << ", \"pin\": " << (info.opt.pin ? "true" : "false")
     << "},\n  \"seconds\": " << num(info.seconds) << ",\n  \"lines\": [";
   for (std::size_t i = 0; i < lines.size(); ++i) {
     const auto& c = lines[i];
-    o << (i ? ",\n" : "\n") << "    {\"row\": " << json_str(c.row) << ", \"measure\": " << json_str(c.measure)
-      << ",\n     \"compcntr\": ";
+    o << (i ? ",\n" : "\n") << "    {\"row\": " << json_str(c.row)
+      << ", \"measure\": " << json_str(c.measure) << ",\n     \"compcntr\": ";
     json_result(o, c.cc);
     o << ",\n     \"reference\": ";
     json_result(o, c.ref);
@@ -271,12 +281,13 @@ bool write_svg(const std::string& path, const run_info& info, const std::vector<
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
     << "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"12\">\n"
     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-    << "<text x=\"10\" y=\"20\" font-size=\"15\" font-weight=\"bold\">compcntr_bench " << xml(info.version)
+    << "<text x=\"10\" y=\"20\" font-size=\"15\" font-weight=\"bold\">compcntr_bench "
+    << xml(info.version)
     << ": compcntr (blue) vs reference (grey), log scale, whiskers = min..max</text>\n"
-    << "<text x=\"10\" y=\"38\">" << xml(info.date + ", " + info.cpu_model + ", " +
-                                          std::to_string(info.cpus.size()) + " CPU(s), " + info.build +
-                                          ", median of " + std::to_string(info.opt.reps) +
-                                          " samples, load avg at start " + info.loadavg_start)
+    << "<text x=\"10\" y=\"38\">"
+    << xml(info.date + ", " + info.cpu_model + ", " + std::to_string(info.cpus.size()) +
+           " CPU(s), " + info.build + ", median of " + std::to_string(info.opt.reps) +
+           " samples, load avg at start " + info.loadavg_start)
     << "</text>\n";
   for (double d = dlo; d <= dhi; d += 1) {
     const double gx = x(std::pow(10.0, d));
@@ -289,8 +300,9 @@ bool write_svg(const std::string& path, const run_info& info, const std::vector<
   for (std::size_t i = 0; i < lines.size(); ++i) {
     const auto& c = lines[i];
     const double y = top + line_h * static_cast<double>(i);
-    if (i % 2) o << "<rect x=\"0\" y=\"" << y << "\" width=\"" << width << "\" height=\"" << line_h
-                 << "\" fill=\"#f6f6f6\"/>\n";
+    if (i % 2)
+      o << "<rect x=\"0\" y=\"" << y << "\" width=\"" << width << "\" height=\"" << line_h
+        << "\" fill=\"#f6f6f6\"/>\n";
     o << "<text x=\"10\" y=\"" << y + 22 << "\"><tspan font-weight=\"bold\">" << xml(c.row)
       << "</tspan> " << xml(c.measure) << "</text>\n";
     int k = 0;
@@ -299,21 +311,22 @@ bool write_svg(const std::string& path, const run_info& info, const std::vector<
       if (r->name.empty()) continue;
       const char* fill = r == &c.cc ? "#3b6fb6" : "#9a9a9a";
       if (!r->available) {
-        o << "<text x=\"" << label_w + 4 << "\" y=\"" << by + 10 << "\" fill=\"#999\" font-size=\"10\">"
-          << xml(r->name + ": unavailable") << "</text>\n";
+        o << "<text x=\"" << label_w + 4 << "\" y=\"" << by + 10
+          << "\" fill=\"#999\" font-size=\"10\">" << xml(r->name + ": unavailable") << "</text>\n";
         continue;
       }
       const double bx = x(r->st.median);
-      o << "<rect x=\"" << label_w << "\" y=\"" << by << "\" width=\"" << std::max(1.0, bx - label_w)
-        << "\" height=\"11\" fill=\"" << fill << "\"><title>" << xml(r->name + ": " + cell(*r))
-        << "</title></rect>\n";
+      o << "<rect x=\"" << label_w << "\" y=\"" << by << "\" width=\""
+        << std::max(1.0, bx - label_w) << "\" height=\"11\" fill=\"" << fill << "\"><title>"
+        << xml(r->name + ": " + cell(*r)) << "</title></rect>\n";
       const double x0 = x(r->st.min), x1 = x(r->st.max);
-      o << "<line x1=\"" << x0 << "\" y1=\"" << by + 5.5 << "\" x2=\"" << x1 << "\" y2=\"" << by + 5.5
-        << "\" stroke=\"black\"/>\n<line x1=\"" << x0 << "\" y1=\"" << by + 2 << "\" x2=\"" << x0
-        << "\" y2=\"" << by + 9 << "\" stroke=\"black\"/>\n<line x1=\"" << x1 << "\" y1=\"" << by + 2
-        << "\" x2=\"" << x1 << "\" y2=\"" << by + 9 << "\" stroke=\"black\"/>\n";
+      o << "<line x1=\"" << x0 << "\" y1=\"" << by + 5.5 << "\" x2=\"" << x1 << "\" y2=\""
+        << by + 5.5 << "\" stroke=\"black\"/>\n<line x1=\"" << x0 << "\" y1=\"" << by + 2
+        << "\" x2=\"" << x0 << "\" y2=\"" << by + 9 << "\" stroke=\"black\"/>\n<line x1=\"" << x1
+        << "\" y1=\"" << by + 2 << "\" x2=\"" << x1 << "\" y2=\"" << by + 9
+        << "\" stroke=\"black\"/>\n";
       const std::string label = human(r->st.median) + " " + r->unit;
-      if (x1 + 80 < label_w + plot_w)  // right of the whisker, else inside the bar's left end
+      if (x1 + 80 < label_w + plot_w) // right of the whisker, else inside the bar's left end
         o << "<text x=\"" << x1 + 4 << "\" y=\"" << by + 10 << "\" font-size=\"10\">" << xml(label)
           << "</text>\n";
       else
@@ -329,15 +342,18 @@ bool write_svg(const std::string& path, const run_info& info, const std::vector<
     const char* color = c.verdict == "PASS" ? "#1a7f37" : c.verdict == "FAIL" ? "#cf222e" : "#777";
     const std::string rc = ratio_cell(c);
     o << "<text x=\"" << label_w + plot_w + 24 << "\" y=\"" << y + 22 << "\">"
-      << xml((rc == "-" ? "" : rc + "  ") + (c.target_text == "-" ? "" : c.target_text)) << " <tspan font-weight=\"bold\" fill=\"" << color
-      << "\">" << xml(c.verdict) << "</tspan></text>\n";
+      << xml((rc == "-" ? "" : rc + "  ") + (c.target_text == "-" ? "" : c.target_text))
+      << " <tspan font-weight=\"bold\" fill=\"" << color << "\">" << xml(c.verdict)
+      << "</tspan></text>\n";
   }
-  o << "<text x=\"10\" y=\"" << height - 12 << "\" fill=\"#555\" font-size=\"11\">units per line: "
+  o << "<text x=\"10\" y=\"" << height - 12
+    << "\" fill=\"#555\" font-size=\"11\">units per line: "
        "as labelled (ns per operation, B per counter); red tick: where compcntr's median must "
-       "stay left of to pass; ratio cc/ref: lower is better, ref/cc: higher is better</text>\n</svg>\n";
+       "stay left of to pass; ratio cc/ref: lower is better, ref/cc: higher is "
+       "better</text>\n</svg>\n";
   std::ofstream f(path);
   f << o.str();
   return static_cast<bool>(f);
 }
 
-}  // namespace bench
+} // namespace bench

@@ -22,7 +22,9 @@ int main(void)
 	for (int i = 0; i < NCOUNTERS; i++) {
 		cc[i] = compcntr_create_comp_cntr(dev, &attr);
 		if (!cc[i])
-			return fprintf(stderr, "create_comp_cntr: %s\n", compcntr_last_error_message()), 1;
+			return fprintf(stderr, "create_comp_cntr: %s\n",
+			               compcntr_last_error_message()),
+			       1;
 		compcntr_inc_comp_cntr(cc[i], 10 * (i + 1)); /* some completions */
 	}
 	struct compcntr_devx_cmd_comp *cmd = compcntr_devx_create_cmd_comp(dev);
@@ -43,7 +45,8 @@ int main(void)
 	int answered = 0;
 	while (answered < NCOUNTERS && epoll_wait(ep, &ev, 1, 10000) == 1) {
 		uint64_t buf[COMPCNTR_COMP_CNTR_ASYNC_RESP_LEN / sizeof(uint64_t)];
-		struct compcntr_devx_async_cmd_hdr *resp = (struct compcntr_devx_async_cmd_hdr *)buf;
+		struct compcntr_devx_async_cmd_hdr *resp =
+		        (struct compcntr_devx_async_cmd_hdr *)buf;
 		while (compcntr_devx_get_async_cmd_comp(cmd, resp, sizeof buf) == 0) {
 			struct compcntr_comp_cntr_values v;
 			memcpy(&v, resp->out_data, sizeof v);

@@ -33,14 +33,14 @@ struct peer {
 };
 static struct peer peers[NPEERS];
 
-#define CHECK(call)                                                                  \
-	do {                                                                         \
-		int rc_ = (call);                                                    \
-		if (rc_ != 0) {                                                      \
-			fprintf(stderr, "%s:%d: %s = %d (%s)\n", __FILE__, __LINE__, \
-				#call, rc_, compcntr_last_error_message());          \
-			return 1;                                                    \
-		}                                                                    \
+#define CHECK(call)                                                                                \
+	do {                                                                                       \
+		int rc_ = (call);                                                                  \
+		if (rc_ != 0) {                                                                    \
+			fprintf(stderr, "%s:%d: %s = %d (%s)\n", __FILE__, __LINE__, #call, rc_,   \
+			        compcntr_last_error_message());                                    \
+			return 1;                                                                  \
+		}                                                                                  \
 	} while (0)
 
 /* The runtime's network progress, called by acquire/flush while they wait: each peer slowly
@@ -74,11 +74,14 @@ int main(void)
 		pp->tx = compcntr_create_qp(dev);
 		pp->rx = compcntr_create_qp(dev);
 		pp->smr = compcntr_reg_mr(dev, pp->sbuf, sizeof pp->sbuf, 0);
-		pp->rmr = compcntr_reg_mr(dev, pp->rbuf, sizeof pp->rbuf, COMPCNTR_ACCESS_LOCAL_WRITE);
+		pp->rmr = compcntr_reg_mr(dev, pp->rbuf, sizeof pp->rbuf,
+		                          COMPCNTR_ACCESS_LOCAL_WRITE);
 		if (!pp->tx || !pp->rx || !pp->smr || !pp->rmr)
 			return 1;
 		/* Each completed send to p returns one of p's credits. */
-		struct compcntr_qp_attach_comp_cntr_attr at = {0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND};
+		struct compcntr_qp_attach_comp_cntr_attr at = {
+			0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND
+		};
 		CHECK(compcntr_qp_attach_comp_cntr(pp->tx, compcntr_credits_counter(cr, p), &at));
 		CHECK(compcntr_modify_qp(pp->tx, COMPCNTR_QPS_INIT));
 		CHECK(compcntr_modify_qp(pp->rx, COMPCNTR_QPS_INIT));
@@ -86,12 +89,13 @@ int main(void)
 	}
 
 	/* ---- the pattern: acquire a credit, issue, and flush at the end ---- */
-	struct compcntr_wait_attr wa = {.progress = progress};
-	uint64_t expect[NPEERS] = {0}, max_in_flight[NPEERS] = {0}, out;
+	struct compcntr_wait_attr wa = { .progress = progress };
+	uint64_t expect[NPEERS] = { 0 }, max_in_flight[NPEERS] = { 0 }, out;
 	for (int i = 0; i < MSGS; i++) {
 		int p = i % NPEERS;
 		struct peer *pp = &peers[p];
-		CHECK(compcntr_credits_acquire_ex(cr, p, 1, -1, &wa)); /* waits while CREDITS are out */
+		CHECK(compcntr_credits_acquire_ex(cr, p, 1, -1,
+		                                  &wa)); /* waits while CREDITS are out */
 		/* A send buffer may be reused once its send completed: with sends completing in
 		 * order, holding a credit means the send CREDITS ago is done and its slot is free. */
 		char *buf = pp->sbuf[pp->sent % CREDITS];
@@ -109,7 +113,8 @@ int main(void)
 				CHECK(compcntr_credits_flush_ex(cr, q, -1, &wa));
 	}
 	for (int p = 0; p < NPEERS; p++)
-		CHECK(compcntr_credits_flush_ex(cr, p, -1, &wa)); /* MPI_Win_flush: all sends to p done */
+		CHECK(compcntr_credits_flush_ex(cr, p, -1,
+		                                &wa)); /* MPI_Win_flush: all sends to p done */
 
 	/* Every send completed exactly once, every credit is back, every byte arrived. */
 	for (int p = 0; p < NPEERS; p++) {
@@ -119,11 +124,14 @@ int main(void)
 		CHECK(compcntr_credits_outstanding(cr, p, &out));
 		if (v != peers[p].sent || e != 0 || out != 0 || peers[p].posted != peers[p].sent ||
 		    peers[p].checksum != expect[p] || max_in_flight[p] != CREDITS) {
-			fprintf(stderr, "peer %d: %llu completed, %llu errors, %llu outstanding, %llu sent,"
-				" checksum %llu (want %llu), at most %llu in flight\n", p,
-				(unsigned long long)v, (unsigned long long)e, (unsigned long long)out,
-				(unsigned long long)peers[p].sent, (unsigned long long)peers[p].checksum,
-				(unsigned long long)expect[p], (unsigned long long)max_in_flight[p]);
+			fprintf(stderr,
+			        "peer %d: %llu completed, %llu errors, %llu outstanding, %llu sent,"
+			        " checksum %llu (want %llu), at most %llu in flight\n",
+			        p, (unsigned long long)v, (unsigned long long)e,
+			        (unsigned long long)out, (unsigned long long)peers[p].sent,
+			        (unsigned long long)peers[p].checksum,
+			        (unsigned long long)expect[p],
+			        (unsigned long long)max_in_flight[p]);
 			return 1;
 		}
 		printf("peer %d: %llu sends, at most %llu in flight, all credits back\n", p,

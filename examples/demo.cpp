@@ -48,8 +48,8 @@ void loopback_traffic() {
   a.modify(compcntr::qp_state::init, ec);
   b.modify(compcntr::qp_state::init, ec);
   a.connect(b, ec);
-  std::printf("  QP %u <-> QP %u connected: %s / %s\n", a.qp_num(), b.qp_num(), state_name(a.state()),
-              state_name(b.state()));
+  std::printf("  QP %u <-> QP %u connected: %s / %s\n", a.qp_num(), b.qp_num(),
+              state_name(a.state()), state_name(b.state()));
   b.attach(sent, attach_op::send, ec);
   show_error("attach after connect (QP in RTS)", ec);
 
@@ -67,8 +67,10 @@ void loopback_traffic() {
     total += len;
   }
   std::printf("  8 sends of 16..512 B into 8 posted receives:\n");
-  std::printf("    a SEND (WRS):   %" PRIu64 " completed, %" PRIu64 " failed\n", sent.value(), sent.errors());
-  std::printf("    b RECV (BYTES): %" PRIu64 " bytes (expected %" PRIu64 "), first message \"%.16s\"\n",
+  std::printf("    a SEND (WRS):   %" PRIu64 " completed, %" PRIu64 " failed\n", sent.value(),
+              sent.errors());
+  std::printf("    b RECV (BYTES): %" PRIu64 " bytes (expected %" PRIu64
+              "), first message \"%.16s\"\n",
               received.value(), total, in.data());
 
   a.post_send(200, out.data(), 64, out_mr.lkey(), ec);
@@ -77,28 +79,32 @@ void loopback_traffic() {
   std::printf(" b posts a receive -> SEND %" PRIu64 ", RECV %" PRIu64 " bytes\n", sent.value(),
               received.value());
 
-  a.post_rdma_write(300, out.data(), 4096, out_mr.lkey(), reinterpret_cast<std::uint64_t>(window.data()),
-                    win_mr.rkey(), ec);
+  a.post_rdma_write(300, out.data(), 4096, out_mr.lkey(),
+                    reinterpret_cast<std::uint64_t>(window.data()), win_mr.rkey(), ec);
   a.post_rdma_read(301, in.data(), 1024, in_mr.lkey(),
                    reinterpret_cast<std::uint64_t>(window.data()) + 26, win_mr.rkey(), ec);
-  std::printf("  RDMA write 4 KiB + RDMA read 1 KiB: a RDMA %" PRIu64 " completed; b incoming %" PRIu64
-              " bytes; read back \"%.10s\"\n", rdma.value(), incoming.value(), in.data());
+  std::printf("  RDMA write 4 KiB + RDMA read 1 KiB: a RDMA %" PRIu64
+              " completed; b incoming %" PRIu64 " bytes; read back \"%.10s\"\n",
+              rdma.value(), incoming.value(), in.data());
 
   section("QPs: an error completion");
   const auto incoming_before = incoming.value();
-  a.post_rdma_write(400, out.data(), 64, out_mr.lkey(), reinterpret_cast<std::uint64_t>(window.data()),
-                    win_mr.lkey(), ec);  // an lkey where the rkey belongs
-  std::printf("  RDMA write with a wrong key: post returned %s, a RDMA %" PRIu64 " completed / %" PRIu64
-              " failed\n", ec ? ec.message().c_str() : "ok", rdma.value(), rdma.errors());
+  a.post_rdma_write(400, out.data(), 64, out_mr.lkey(),
+                    reinterpret_cast<std::uint64_t>(window.data()), win_mr.lkey(),
+                    ec);  // an lkey where the rkey belongs
+  std::printf("  RDMA write with a wrong key: post returned %s, a RDMA %" PRIu64
+              " completed / %" PRIu64 " failed\n",
+              ec ? ec.message().c_str() : "ok", rdma.value(), rdma.errors());
   std::printf("    why: %.*s; a is now %s, b stays %s; b's incoming counter unchanged (%" PRIu64
-              " -> %" PRIu64 ")\n", static_cast<int>(a.last_completion_error().size()),
-              a.last_completion_error().data(), state_name(a.state()), state_name(b.state()),
-              incoming_before, incoming.value());
+              " -> %" PRIu64 ")\n",
+              static_cast<int>(a.last_completion_error().size()), a.last_completion_error().data(),
+              state_name(a.state()), state_name(b.state()), incoming_before, incoming.value());
   a.post_send(401, out.data(), 8, out_mr.lkey(), ec);
   show_error("post_send on a QP in ERR", ec);
   sent.destroy(ec);
   show_error("destroy a counter still attached", ec);
-  std::printf("  it stays usable: SEND %" PRIu64 " completed, %" PRIu64 " failed\n", sent.value(), sent.errors());
+  std::printf("  it stays usable: SEND %" PRIu64 " completed, %" PRIu64 " failed\n", sent.value(),
+              sent.errors());
 
   section("QPs: 2 threads, 2 QP pairs, one shared counter");
   auto shared = dev.create_counter(compcntr::counter_type::wrs, ec);
@@ -125,8 +131,10 @@ void loopback_traffic() {
       }
     });
   for (auto& w : workers) w.join();
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("  %d messages per pair: shared counter %" PRIu64 " (expected %d), %.0f ns per message\n",
+  const double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("  %d messages per pair: shared counter %" PRIu64
+              " (expected %d), %.0f ns per message\n",
               msgs, shared.value(), 2 * 2 * msgs, us * 1000.0 / (2.0 * msgs));
 }
 
@@ -146,8 +154,8 @@ int main() {
   const auto caps = dev.caps();
   std::printf("  open(\"auto\") -> \"%.*s\" (no RDMA device here, so the software device)\n",
               static_cast<int>(dev.name().size()), dev.name().data());
-  std::printf("  caps: max_value %" PRIu64 ", max_counters %u, qp attach ops 0x%x\n", caps.max_value,
-              caps.max_counters, caps.supported_qp_attach_ops);
+  std::printf("  caps: max_value %" PRIu64 ", max_counters %u, qp attach ops 0x%x\n",
+              caps.max_value, caps.max_counters, caps.supported_qp_attach_ops);
   auto none = compcntr::device::open("mlx5_0", ec);
   show_error("open(\"mlx5_0\")", ec);
 
@@ -175,13 +183,15 @@ int main() {
   std::printf("  %d threads x %d completions in %.1f ms (%.1f ns per update, contended)\n", threads,
               ops, ns / 1e6, ns / (2.0 * threads * ops));
   std::printf("  WRS counter:   completions %" PRIu64 ", errors %" PRIu64 " (expected %d and %d)\n",
-              wrs.value(), wrs.errors(), threads * ops - threads * (ops / 1000), threads * (ops / 1000));
+              wrs.value(), wrs.errors(), threads * ops - threads * (ops / 1000),
+              threads * (ops / 1000));
   std::printf("  BYTES counter: %" PRIu64 " bytes\n", bytes.value());
 
   section("set, wrap-around, independence");
   wrs.set(UINT64_MAX);
   wrs.add(2);
-  std::printf("  set(UINT64_MAX) then add(2) -> %" PRIu64 " (values wrap at max_value)\n", wrs.value());
+  std::printf("  set(UINT64_MAX) then add(2) -> %" PRIu64 " (values wrap at max_value)\n",
+              wrs.value());
   std::printf("  the BYTES counter is untouched: %" PRIu64 "\n", bytes.value());
 
   section("bad input changes nothing");
@@ -189,7 +199,8 @@ int main() {
   show_error("create_counter(type 7)", ec);
   dev.close(ec);
   show_error("close() with 2 live counters", ec);
-  std::printf("  device still open: %s, live counters: %u\n", dev ? "yes" : "no", dev.live_counters());
+  std::printf("  device still open: %s, live counters: %u\n", dev ? "yes" : "no",
+              dev.live_counters());
 
   loopback_traffic();
   runtime_demo(dev);

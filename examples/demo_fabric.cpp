@@ -109,9 +109,11 @@ struct loopback {
         if ((r = fi_ep_bind(ep[s], &prov[i]->fid, what[i]))) return fail("fi_ep_bind(cntr)", r);
       if ((r = fi_enable(ep[s]))) return fail("fi_enable", r);
     }
-    if (posix_memalign(reinterpret_cast<void**>(&buf), 4096, buf_size)) return fail("posix_memalign", ENOMEM);
+    if (posix_memalign(reinterpret_cast<void**>(&buf), 4096, buf_size))
+      return fail("posix_memalign", ENOMEM);
     std::memset(buf, 'x', buf_size);
-    if ((r = fi_mr_reg(domain, buf, buf_size, FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE, 0, 1, 0, &mr, nullptr)))
+    if ((r = fi_mr_reg(domain, buf, buf_size, FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE, 0, 1,
+                       0, &mr, nullptr)))
       return fail("fi_mr_reg", r);
     key = fi_mr_key(mr);
     for (int s = 0; s < 2; ++s) {
@@ -123,7 +125,9 @@ struct loopback {
     return true;
   }
   std::uint64_t remote(std::size_t off) const {
-    return ((info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<std::uint64_t>(buf) : 0) + off;
+    return ((info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<std::uint64_t>(buf)
+                                                           : 0) +
+           off;
   }
 };
 
@@ -146,8 +150,9 @@ void fabric_demo() {
     std::printf("  skipped: %s\n", lb.error.c_str());
     return;
   }
-  std::printf("  provider %s, fabric %s, two RDM endpoints A -> B, one CQ each (an entry per operation)\n",
-              lb.info->fabric_attr->prov_name, lb.info->fabric_attr->name);
+  std::printf(
+      "  provider %s, fabric %s, two RDM endpoints A -> B, one CQ each (an entry per operation)\n",
+      lb.info->fabric_attr->prov_name, lb.info->fabric_attr->name);
 
   std::error_code ec;
   auto dev = compcntr::device::open("soft", ec);
@@ -165,7 +170,8 @@ void fabric_demo() {
   compcntr_fi_bridge_attr ba{};
   ba.comp_mask = COMPCNTR_FI_BRIDGE_ATTR_FORMAT;
   ba.format = FI_CQ_FORMAT_MSG;
-  both_bridges br{compcntr_fi_bridge_open_ex(lb.cq[0], &ba), compcntr_fi_bridge_open_ex(lb.cq[1], &ba)};
+  both_bridges br{compcntr_fi_bridge_open_ex(lb.cq[0], &ba),
+                  compcntr_fi_bridge_open_ex(lb.cq[1], &ba)};
   compcntr_fi_bridge_bind(br.a, compcntr_fi_cntr_comp_cntr(sent), FI_SEND);
   compcntr::fabric::bind(br.a, dev, writes, FI_WRITE);
   compcntr::fabric::bind(br.b, dev, recv_bytes, FI_RECV);
@@ -186,10 +192,11 @@ void fabric_demo() {
   while (posted < msgs) {
     while (posted < msgs && posted - received() < window) {
       const std::size_t len = 1 + posted % 256;
-      if (fi_recv(lb.ep[1], lb.buf + 524288 + 256 * (posted % 1024), 256, nullptr, lb.addr[0], &lb.ctxs.emplace_back()) ==
-          -FI_EAGAIN)
+      if (fi_recv(lb.ep[1], lb.buf + 524288 + 256 * (posted % 1024), 256, nullptr, lb.addr[0],
+                  &lb.ctxs.emplace_back()) == -FI_EAGAIN)
         break;
-      while (fi_send(lb.ep[0], lb.buf, len, nullptr, lb.addr[1], &lb.ctxs.emplace_back()) == -FI_EAGAIN)
+      while (fi_send(lb.ep[0], lb.buf, len, nullptr, lb.addr[1], &lb.ctxs.emplace_back()) ==
+             -FI_EAGAIN)
         drive_both(&br);
       msg_bytes += len;
       ++posted;
@@ -198,7 +205,8 @@ void fabric_demo() {
   }
   for (std::uint64_t i = 0; i < rmas; ++i) {
     const std::size_t len = 64 + i % 64;
-    while (fi_writedata(lb.ep[0], lb.buf, len, nullptr, i, lb.addr[1], lb.remote(262144 + 128 * (i % 512)), lb.key,
+    while (fi_writedata(lb.ep[0], lb.buf, len, nullptr, i, lb.addr[1],
+                        lb.remote(262144 + 128 * (i % 512)), lb.key,
                         &lb.ctxs.emplace_back()) == -FI_EAGAIN)
       drive_both(&br);
     rma_bytes += len;
@@ -212,40 +220,50 @@ void fabric_demo() {
   const auto tw = clk::now();
   const int wait_rc = fi_cntr_wait(sent, msgs, 10000);
   const double wait_ms = ms_since(tw);
-  const bool got_w = compcntr::wait(writes, rmas, 10s, compcntr::fabric::progress_options(br.a)) == std::errc{};
+  const bool got_w =
+      compcntr::wait(writes, rmas, 10s, compcntr::fabric::progress_options(br.a)) == std::errc{};
   const double total_ms = ms_since(t0), cpu_ms = thread_cpu_ms() - cpu0;
 
   const double ops = static_cast<double>(msgs + rmas);
-  std::printf("  %" PRIu64 " messages (1..256 B) and %" PRIu64 " RMA writes with CQ data: %.1f ms, %.2f us per operation"
+  std::printf("  %" PRIu64 " messages (1..256 B) and %" PRIu64
+              " RMA writes with CQ data: %.1f ms, %.2f us per operation"
               " (this thread's CPU: %.2f us; the machine is shared)\n",
               msgs, rmas, total_ms, total_ms * 1000.0 / ops, cpu_ms * 1000.0 / ops);
   std::printf("    %-34s %-22s %s\n", "", "provider's fi_cntr", "compcntr (bridged)");
-  std::printf("    %-34s %-22" PRIu64 " %" PRIu64 "   <- fi_cntr_read(adapter)\n", "A: messages sent",
-              fi_cntr_read(lb.prov[0]), fi_cntr_read(sent));
-  std::printf("    %-34s %-22" PRIu64 " %" PRIu64 " bytes (sent %" PRIu64 ")\n", "B: messages received",
-              fi_cntr_read(lb.prov[2]), recv_bytes.value(), msg_bytes);
-  std::printf("    %-34s %-22" PRIu64 " %" PRIu64 "\n", "A: RMA writes completed", fi_cntr_read(lb.prov[1]),
-              writes.value());
-  std::printf("    %-34s %-22" PRIu64 " %" PRIu64 " (%" PRIu64 " bytes written: not countable from the CQ,\n"
-              "    %-34s %-22s tcp;ofi_rxm reports len 0 for them)\n", "B: remote writes (CQ data)",
-              fi_cntr_read(lb.prov[3]), remote_writes.value(), rma_bytes, "", "");
-  std::printf("  fi_cntr_wait(adapter, %" PRIu64 ", 10000 ms) -> %d (%s) after %.2f ms; waits ok: %s\n", msgs, wait_rc,
-              wait_rc ? fi_strerror(-wait_rc) : "success", wait_ms, got_recv && got_rw && got_w ? "yes" : "NO");
+  std::printf("    %-34s %-22" PRIu64 " %" PRIu64 "   <- fi_cntr_read(adapter)\n",
+              "A: messages sent", fi_cntr_read(lb.prov[0]), fi_cntr_read(sent));
+  std::printf("    %-34s %-22" PRIu64 " %" PRIu64 " bytes (sent %" PRIu64 ")\n",
+              "B: messages received", fi_cntr_read(lb.prov[2]), recv_bytes.value(), msg_bytes);
+  std::printf("    %-34s %-22" PRIu64 " %" PRIu64 "\n", "A: RMA writes completed",
+              fi_cntr_read(lb.prov[1]), writes.value());
+  std::printf("    %-34s %-22" PRIu64 " %" PRIu64 " (%" PRIu64
+              " bytes written: not countable from the CQ,\n"
+              "    %-34s %-22s tcp;ofi_rxm reports len 0 for them)\n",
+              "B: remote writes (CQ data)", fi_cntr_read(lb.prov[3]), remote_writes.value(),
+              rma_bytes, "", "");
+  std::printf("  fi_cntr_wait(adapter, %" PRIu64
+              ", 10000 ms) -> %d (%s) after %.2f ms; waits ok: %s\n",
+              msgs, wait_rc, wait_rc ? fi_strerror(-wait_rc) : "success", wait_ms,
+              got_recv && got_rw && got_w ? "yes" : "NO");
 
   // An error completion: 64 bytes into an 8-byte receive buffer.
   const std::uint64_t prov_err0 = fi_cntr_readerr(lb.prov[2]);
   fi_recv(lb.ep[1], lb.buf + 524288, 8, nullptr, lb.addr[0], &lb.ctxs.emplace_back());
-  while (fi_send(lb.ep[0], lb.buf, 64, nullptr, lb.addr[1], &lb.ctxs.emplace_back()) == -FI_EAGAIN) drive_both(&br);
-  const auto failed = compcntr::wait(recv_bytes, UINT64_MAX, 5s, drive);  // returns when the error count moves
-  std::printf("  a 64-byte message into an 8-byte receive: wait -> %s; B receive errors: provider %" PRIu64
-              ", compcntr %" PRIu64 "\n",
-              failed == std::errc::io_error ? "EIO (error count changed, libfabric's -FI_EAVAIL)" : "?",
-              fi_cntr_readerr(lb.prov[2]) - prov_err0, recv_bytes.errors());
+  while (fi_send(lb.ep[0], lb.buf, 64, nullptr, lb.addr[1], &lb.ctxs.emplace_back()) == -FI_EAGAIN)
+    drive_both(&br);
+  const auto failed =
+      compcntr::wait(recv_bytes, UINT64_MAX, 5s, drive);  // returns when the error count moves
+  std::printf(
+      "  a 64-byte message into an 8-byte receive: wait -> %s; B receive errors: provider %" PRIu64
+      ", compcntr %" PRIu64 "\n",
+      failed == std::errc::io_error ? "EIO (error count changed, libfabric's -FI_EAVAIL)" : "?",
+      fi_cntr_readerr(lb.prov[2]) - prov_err0, recv_bytes.errors());
 
   compcntr_fi_bridge_stats sa{}, sb{};
   compcntr_fi_bridge_query_stats(br.a, &sa);
   compcntr_fi_bridge_query_stats(br.b, &sb);
-  std::printf("  bridges read %" PRIu64 " + %" PRIu64 " CQ entries (%" PRIu64 " in error); fi_close(adapter) while bound -> %s\n",
+  std::printf("  bridges read %" PRIu64 " + %" PRIu64 " CQ entries (%" PRIu64
+              " in error); fi_close(adapter) while bound -> %s\n",
               sa.entries + sa.errors, sb.entries + sb.errors, sa.errors + sb.errors,
               fi_close(&sent->fid) == -FI_EBUSY ? "-FI_EBUSY" : "?");
   compcntr_fi_bridge_close(br.a);

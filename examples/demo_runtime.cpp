@@ -56,7 +56,8 @@ void waiting(compcntr::device& dev) {
   waiter.join();
   const double wall = std::chrono::duration<double, std::micro>(clk::now() - t0).count();
   std::printf("  wait(counter, 1000, 5 s) -> %s after %.1f ms; the waiter used %.0f us of CPU "
-              "(%.2f%% of a core)\n", errc_name(r), wall / 1e3, cpu, 100 * cpu / wall);
+              "(%.2f%% of a core)\n",
+              errc_name(r), wall / 1e3, cpu, 100 * cpu / wall);
 
   std::thread failer([&] {
     while ((done.native_slot()->watch.load() & compcntr::detail::watch_sleepers_mask) == 0)
@@ -93,7 +94,8 @@ void waiting(compcntr::device& dev) {
   peers[0].add(5);
   const int after = ::epoll_wait(ep, &ev, 1, 1000);
   std::printf("  epoll on the counter's fd: armed and idle -> %d ready; after add(5) -> %d ready, "
-              "value %" PRIu64 "\n", before, after, peers[0].value());
+              "value %" PRIu64 "\n",
+              before, after, peers[0].value());
   ::close(ep);
 }
 
@@ -124,14 +126,16 @@ void async_queries(compcntr::device& dev) {
   }
   const double s = std::chrono::duration<double>(clk::now() - t0).count();
   std::printf("  %zu queries in batches of %zu: %zu answered, %zu with the right value, "
-              "%.2f M responses/s\n", total, batch, answered, right, answered / s / 1e6);
+              "%.2f M responses/s\n",
+              total, batch, answered, right, answered / s / 1e6);
   unsigned char small[16];
   cmd.query(cs[3], 42);
   const int rc = cmd.get_raw(small, sizeof small);
   pollfd pfd{cmd.fd(), POLLIN, 0};
   const bool readable = ::poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLIN);
   std::printf("  a 16-byte buffer for a 24-byte response -> %s; still queued: %zu; fd readable: "
-              "%s\n", rc == ENOSPC ? "ENOSPC (nothing lost)" : "unexpected", cmd.queued(),
+              "%s\n",
+              rc == ENOSPC ? "ENOSPC (nothing lost)" : "unexpected", cmd.queued(),
               readable ? "yes" : "no");
   auto last = cmd.get(ec);
   std::printf("  then get() -> wr_id %" PRIu64 ", completions %" PRIu64 "\n", last.wr_id,
@@ -177,7 +181,8 @@ void credits(compcntr::device& dev) {
   network.join();
   const double ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
   std::printf("  %d operations to peer 1 in %.1f ms: at most %d in flight (4 credits), %d "
-              "acquisitions had to wait\n", ops, ms, max_in_flight.load(), blocked);
+              "acquisitions had to wait\n",
+              ops, ms, max_in_flight.load(), blocked);
   std::printf("  peer 0 untouched: try_acquire(0, 5) -> %s (n > credits_per_peer)\n",
               cr.try_acquire(0, 5) == std::errc::invalid_argument ? "EINVAL" : "?");
 }

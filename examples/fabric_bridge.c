@@ -33,15 +33,22 @@ static struct fi_info *open_info(const char *prov)
 	hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
 	hints->fabric_attr->prov_name = strdup(prov);
 	int ip = strcmp(prov, "shm") != 0;
-	if (fi_getinfo(FI_VERSION(1, 17), ip ? "127.0.0.1" : NULL, NULL, ip ? FI_SOURCE : 0, hints, &info))
+	if (fi_getinfo(FI_VERSION(1, 17), ip ? "127.0.0.1" : NULL, NULL, ip ? FI_SOURCE : 0, hints,
+	               &info))
 		info = NULL;
 	fi_freeinfo(hints);
 	return info;
 }
 
-#define CHECK(call) do { int rc_ = (int)(call); if (rc_) { \
-	fprintf(stderr, "%s: %d (%s) %s\n", #call, rc_, fi_strerror(rc_ < 0 ? -rc_ : rc_), compcntr_fi_last_error()); \
-	return 1; } } while (0)
+#define CHECK(call)                                                                                \
+	do {                                                                                       \
+		int rc_ = (int)(call);                                                             \
+		if (rc_) {                                                                         \
+			fprintf(stderr, "%s: %d (%s) %s\n", #call, rc_,                            \
+			        fi_strerror(rc_ < 0 ? -rc_ : rc_), compcntr_fi_last_error());      \
+			return 1;                                                                  \
+		}                                                                                  \
+	} while (0)
 
 int main(void)
 {
@@ -76,17 +83,21 @@ int main(void)
 
 	/* compcntr: an fi_cntr for sends, a BYTES counter for received bytes, one bridge. */
 	struct compcntr_device *dev = compcntr_open_device("soft");
-	struct fi_cntr_attr sent_attr = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC };
+	struct fi_cntr_attr sent_attr = { .events = FI_CNTR_EVENTS_COMP,
+		                          .wait_obj = FI_WAIT_UNSPEC };
 	struct fid_cntr *sent;
 	CHECK(compcntr_fi_cntr_open(dev, &sent_attr, &sent, NULL));
 	struct compcntr_comp_cntr_init_attr bytes_attr = { .type = COMPCNTR_COMP_CNTR_TYPE_BYTES };
 	struct compcntr_comp_cntr *received = compcntr_create_comp_cntr(dev, &bytes_attr);
 	struct compcntr_fi_bridge_attr br_attr = {
-		.comp_mask = COMPCNTR_FI_BRIDGE_ATTR_FORMAT, .format = FI_CQ_FORMAT_MSG, /* batched reads */
+		.comp_mask = COMPCNTR_FI_BRIDGE_ATTR_FORMAT,
+		.format = FI_CQ_FORMAT_MSG, /* batched reads */
 	};
 	struct compcntr_fi_bridge *br = compcntr_fi_bridge_open_ex(cq, &br_attr);
 	if (!received || !br)
-		return fprintf(stderr, "setup: %s %s\n", compcntr_last_error_message(), compcntr_fi_last_error()), 1;
+		return fprintf(stderr, "setup: %s %s\n", compcntr_last_error_message(),
+		               compcntr_fi_last_error()),
+		       1;
 	CHECK(compcntr_fi_bridge_bind(br, compcntr_fi_cntr_comp_cntr(sent), FI_SEND));
 	CHECK(compcntr_fi_bridge_bind(br, received, FI_RECV));
 
@@ -96,7 +107,8 @@ int main(void)
 	uint64_t total = 0;
 	for (int i = 0; i < N; i++) {
 		ssize_t r;
-		while ((r = fi_recv(ep, rx[i], sizeof rx[i], NULL, self, &ctx[2 * i])) == -FI_EAGAIN)
+		while ((r = fi_recv(ep, rx[i], sizeof rx[i], NULL, self, &ctx[2 * i])) ==
+		       -FI_EAGAIN)
 			compcntr_fi_bridge_progress(br);
 		while ((r = fi_send(ep, tx, 1 + i % 64, NULL, self, &ctx[2 * i + 1])) == -FI_EAGAIN)
 			compcntr_fi_bridge_progress(br);
@@ -107,7 +119,8 @@ int main(void)
 	/* fi_cntr_wait on the adapter counter drives the bridge it is bound to. */
 	CHECK(fi_cntr_wait(sent, N, 10000));
 	/* A compcntr wait with the bridge as its progress hook drives the CQ too. */
-	struct compcntr_wait_attr wa = { .progress = compcntr_fi_bridge_progress_fn, .progress_ctx = br };
+	struct compcntr_wait_attr wa = { .progress = compcntr_fi_bridge_progress_fn,
+		                         .progress_ctx = br };
 	CHECK(compcntr_wait_comp_cntr_ex(received, total, 10000, &wa));
 
 	uint64_t bytes = 0;
@@ -115,8 +128,10 @@ int main(void)
 	struct compcntr_fi_bridge_stats st;
 	compcntr_fi_bridge_query_stats(br, &st);
 	printf("provider %s: %" PRIu64 " sends completed (fi_cntr_read), %" PRIu64 " errors; "
-	       "%" PRIu64 " bytes received (expected %" PRIu64 "); bridge read %" PRIu64 " CQ entries\n",
-	       info->fabric_attr->prov_name, fi_cntr_read(sent), fi_cntr_readerr(sent), bytes, total, st.entries);
+	       "%" PRIu64 " bytes received (expected %" PRIu64 "); bridge read %" PRIu64
+	       " CQ entries\n",
+	       info->fabric_attr->prov_name, fi_cntr_read(sent), fi_cntr_readerr(sent), bytes,
+	       total, st.entries);
 	int ok = fi_cntr_read(sent) == N && bytes == total && st.entries == 2 * N;
 
 	/* Close order: the bridge (it holds the adapter counter busy), counters, then libfabric. */

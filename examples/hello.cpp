@@ -15,7 +15,9 @@ int main() {
 
   std::vector<std::thread> workers;  // four "completion engines" counting 4 KiB transfers
   for (int t = 0; t < 4; ++t)
-    workers.emplace_back([&] { for (int i = 0; i < 1000; ++i) bytes.add(4096); });
+    workers.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) bytes.add(4096);
+    });
   for (auto& w : workers) w.join();
 
   std::printf("%llu bytes completed\n", static_cast<unsigned long long>(bytes.value()));

@@ -28,7 +28,8 @@ int main(void)
 	/* The fd of counter 2 goes into an epoll set before anything happens. */
 	int fd, ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event ev = { .events = EPOLLIN };
-	if (compcntr_comp_cntr_get_fd(cc[2], &fd) || ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev))
+	if (compcntr_comp_cntr_get_fd(cc[2], &fd) || ep < 0 ||
+	    epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev))
 		return fprintf(stderr, "fd: %s\n", compcntr_last_error_message()), 1;
 
 	pthread_t t;

@@ -55,8 +55,12 @@ uint64_t cntr_readerr(fid_cntr* c) {
 
 int cntr_add(fid_cntr* c, uint64_t value) { return -compcntr_inc_comp_cntr(of(c)->cc, value); }
 int cntr_set(fid_cntr* c, uint64_t value) { return -compcntr_set_comp_cntr(of(c)->cc, value); }
-int cntr_adderr(fid_cntr* c, uint64_t value) { return -compcntr_inc_err_comp_cntr(of(c)->cc, value); }
-int cntr_seterr(fid_cntr* c, uint64_t value) { return -compcntr_set_err_comp_cntr(of(c)->cc, value); }
+int cntr_adderr(fid_cntr* c, uint64_t value) {
+  return -compcntr_inc_err_comp_cntr(of(c)->cc, value);
+}
+int cntr_seterr(fid_cntr* c, uint64_t value) {
+  return -compcntr_set_err_comp_cntr(of(c)->cc, value);
+}
 
 void drive_hook(void* ctx) noexcept {
   adapter* a = static_cast<adapter*>(ctx);
@@ -121,14 +125,16 @@ fi_ops_cntr cntr_ops = {
 // ---- fi_ops (the fid) ------------------------------------------------------------------------
 
 // What compcntr_destroy_comp_cntr's EBUSY message names while an adapter owns its counter.
-constexpr const char* adapter_owner = "a libfabric fid_cntr (compcntr_fi_cntr_open): fi_close it instead";
+constexpr const char* adapter_owner =
+    "a libfabric fid_cntr (compcntr_fi_cntr_open): fi_close it instead";
 
 int fid_close(fid* f) {
   adapter* a = of(f);
   {
     std::lock_guard lk(registry_lock());
     if (a->bindings != 0) {
-      fail(EBUSY, "fi_close: the counter is bound to %u CQ bridge binding(s); close the bridge(s) first",
+      fail(EBUSY,
+           "fi_close: the counter is bound to %u CQ bridge binding(s); close the bridge(s) first",
            a->bindings);
       return -FI_EBUSY;
     }
@@ -137,7 +143,8 @@ int fid_close(fid* f) {
     compcntr_comp_cntr_set_owner(a->cc, nullptr);
     if (const int err = compcntr_destroy_comp_cntr(a->cc)) {
       compcntr_comp_cntr_set_owner(a->cc, adapter_owner);
-      fail(err, "fi_close: the compcntr counter cannot be destroyed: %s", compcntr_last_error_message());
+      fail(err, "fi_close: the compcntr counter cannot be destroyed: %s",
+           compcntr_last_error_message());
       return -err;
     }
     registry().erase(a->cc);
@@ -147,7 +154,8 @@ int fid_close(fid* f) {
 }
 
 int fid_bind(fid*, fid*, uint64_t) {
-  fail(ENOSYS, "fi_bind: an adapter counter binds to nothing (bind its compcntr counter to a bridge)");
+  fail(ENOSYS,
+       "fi_bind: an adapter counter binds to nothing (bind its compcntr counter to a bridge)");
   return -FI_ENOSYS;
 }
 
@@ -199,7 +207,7 @@ adapter* adapter_of(fid_cntr* c) noexcept {
 
 // Counter classes of other components (the hook provider's counters). Written rarely (once per
 // class, under class_mu), read lock-free: an entry is complete before n_classes publishes it.
-constexpr int max_classes = 8;  // the hook needs one; room for a few more components
+constexpr int max_classes = 8; // the hook needs one; room for a few more components
 struct cntr_class {
   std::atomic<const fi_ops*> ops{nullptr};
   std::atomic<compcntr_fi_cntr_class_get> get{nullptr};
@@ -225,7 +233,7 @@ int from_errno(int err) noexcept {
   }
 }
 
-}  // namespace
+} // namespace
 
 std::mutex& registry_lock() noexcept {
   static std::mutex m;
@@ -272,7 +280,7 @@ void remove_binding(adapter& a, compcntr_fi_bridge* br) noexcept {
   a.sources_n.store(static_cast<std::uint32_t>(a.sources.size()), std::memory_order_relaxed);
 }
 
-}  // namespace compcntr_fabric
+} // namespace compcntr_fabric
 
 using namespace compcntr_fabric;
 
@@ -287,7 +295,7 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
   defaults.wait_obj = FI_WAIT_NONE;
   const fi_cntr_attr& a = attr ? *attr : defaults;
 
-  if (a.flags != 0)  // fi_cntr(3): "reserved for future use, and must be set to 0"
+  if (a.flags != 0) // fi_cntr(3): "reserved for future use, and must be set to 0"
     return -fail(EINVAL, "compcntr_fi_cntr_open: attr->flags must be 0 (got 0x%llx)",
                  static_cast<unsigned long long>(a.flags));
   compcntr_comp_cntr_init_attr ia{};
@@ -297,26 +305,28 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
   } else if (events == static_cast<int>(COMPCNTR_FI_CNTR_EVENTS_BYTES)) {
     ia.type = COMPCNTR_COMP_CNTR_TYPE_BYTES;
   } else {
-    return -fail(EINVAL, "compcntr_fi_cntr_open: unknown attr->events %d (FI_CNTR_EVENTS_COMP or "
-                         "COMPCNTR_FI_CNTR_EVENTS_BYTES)", events);
+    return -fail(EINVAL,
+                 "compcntr_fi_cntr_open: unknown attr->events %d (FI_CNTR_EVENTS_COMP or "
+                 "COMPCNTR_FI_CNTR_EVENTS_BYTES)",
+                 events);
   }
   switch (wait_obj) {
     case FI_WAIT_NONE:
     case FI_WAIT_UNSPEC:
     case FI_WAIT_YIELD:
-    case FI_WAIT_FD:
-      break;
+    case FI_WAIT_FD: break;
     case FI_WAIT_SET:
-      if (a.wait_set == nullptr)  // as libfabric's util counters
+      if (a.wait_set == nullptr) // as libfabric's util counters
         return -fail(EINVAL, "compcntr_fi_cntr_open: FI_WAIT_SET without attr->wait_set");
       return -fail(EOPNOTSUPP, "compcntr_fi_cntr_open: FI_WAIT_SET is not supported (a wait set is "
                                "a provider's object; use FI_WAIT_FD and epoll)");
     case FI_WAIT_MUTEX_COND:
     case FI_WAIT_POLLFD:
-      return -fail(EOPNOTSUPP, "compcntr_fi_cntr_open: wait object %d is not supported (FI_WAIT_NONE, "
-                               "FI_WAIT_UNSPEC, FI_WAIT_YIELD or FI_WAIT_FD)", wait_obj);
-    default:
-      return -fail(EINVAL, "compcntr_fi_cntr_open: unknown wait object %d", wait_obj);
+      return -fail(EOPNOTSUPP,
+                   "compcntr_fi_cntr_open: wait object %d is not supported (FI_WAIT_NONE, "
+                   "FI_WAIT_UNSPEC, FI_WAIT_YIELD or FI_WAIT_FD)",
+                   wait_obj);
+    default: return -fail(EINVAL, "compcntr_fi_cntr_open: unknown wait object %d", wait_obj);
   }
 
   compcntr_comp_cntr* cc = compcntr_create_comp_cntr(dev, &ia);
@@ -339,7 +349,7 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
     return -fail(ENOMEM, "compcntr_fi_cntr_open: out of memory");
   }
   ad->cc = cc;
-  ad->wait_obj = static_cast<fi_wait_obj>(wait_obj);  // one of the four checked above
+  ad->wait_obj = static_cast<fi_wait_obj>(wait_obj); // one of the four checked above
   ad->fd = fd;
   ad->cntr.fid.fclass = FI_CLASS_CNTR;
   ad->cntr.fid.context = context;
@@ -360,12 +370,14 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
 }
 
 int compcntr_fi_register_cntr_class(const struct fi_ops* fid_ops, compcntr_fi_cntr_class_get get) {
-  if (fid_ops == nullptr || get == nullptr) return fail(EINVAL, "compcntr_fi_register_cntr_class: NULL argument");
+  if (fid_ops == nullptr || get == nullptr)
+    return fail(EINVAL, "compcntr_fi_register_cntr_class: NULL argument");
   std::lock_guard lk(class_mu);
   const int n = n_classes.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i)
     if (classes[i].ops.load(std::memory_order_relaxed) == fid_ops) return 0;
-  if (n == max_classes) return fail(ENOSPC, "compcntr_fi_register_cntr_class: %d classes already", n);
+  if (n == max_classes)
+    return fail(ENOSPC, "compcntr_fi_register_cntr_class: %d classes already", n);
   classes[n].ops.store(fid_ops, std::memory_order_relaxed);
   classes[n].get.store(get, std::memory_order_relaxed);
   n_classes.store(n + 1, std::memory_order_release);
@@ -393,7 +405,9 @@ int compcntr_fi_trywait(struct fid** fids, int count) {
     if (fids[i] == nullptr) return -fail(EINVAL, "compcntr_fi_trywait: fids[%d] is NULL", i);
     adapter* a = adapter_of(reinterpret_cast<fid_cntr*>(fids[i]));
     if (a == nullptr)
-      return -fail(EINVAL, "compcntr_fi_trywait: fids[%d] is not a counter opened by compcntr_fi_cntr_open", i);
+      return -fail(EINVAL,
+                   "compcntr_fi_trywait: fids[%d] is not a counter opened by compcntr_fi_cntr_open",
+                   i);
     if (a->wait_obj != FI_WAIT_FD)
       return -fail(EINVAL, "compcntr_fi_trywait: fids[%d] was not opened with FI_WAIT_FD", i);
   }
@@ -412,8 +426,9 @@ int compcntr_fi_trywait(struct fid** fids, int count) {
     const bool err_changed = a->seen_errors.exchange(e, std::memory_order_relaxed) != e;
     if (changed || err_changed) ret = -FI_EAGAIN;
   }
-  if (ret) fail(EAGAIN, "compcntr_fi_trywait: a counter changed since the last trywait: read it first");
+  if (ret)
+    fail(EAGAIN, "compcntr_fi_trywait: a counter changed since the last trywait: read it first");
   return ret;
 }
 
-}  // extern "C"
+} // extern "C"

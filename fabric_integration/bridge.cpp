@@ -44,7 +44,8 @@ namespace {
 enum cls : int { remote_write, remote_read, read, write, send, recv, n_classes };
 constexpr std::uint64_t class_flag[n_classes] = {FI_REMOTE_WRITE, FI_REMOTE_READ, FI_READ,
                                                  FI_WRITE,        FI_SEND,        FI_RECV};
-constexpr std::uint64_t bindable = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+constexpr std::uint64_t bindable =
+    FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
 // Classes whose entries' len libfabric 1.17 does not define (fi_cq(3): "This len field only
 // applies to completed receive operations"). Measured here: sends report 0 on tcp;ofi_rxm and
 // shm but the length on udp;ofi_rxd; remote writes with CQ data report 0 on tcp;ofi_rxm but the
@@ -78,12 +79,16 @@ struct binding {
   adapter* owner = nullptr;  // the adapter counter cc belongs to, or nullptr
 
   void add(std::uint64_t n) noexcept {
-    if (cc) compcntr_inc_comp_cntr(cc, n);
-    else ref.add(n);
+    if (cc)
+      compcntr_inc_comp_cntr(cc, n);
+    else
+      ref.add(n);
   }
   void add_error(std::uint64_t n) noexcept {
-    if (cc) compcntr_inc_err_comp_cntr(cc, n);
-    else ref.add_error(n);
+    if (cc)
+      compcntr_inc_err_comp_cntr(cc, n);
+    else
+      ref.add_error(n);
   }
 };
 
@@ -166,11 +171,14 @@ struct tally {
       if (failed[c]) m->add_error(failed[c]);
       done[c] = bytes[c] = failed[c] = 0;
     }
-    br->entries.store(br->entries.load(std::memory_order_relaxed) + entries, std::memory_order_relaxed);
-    br->errors.store(br->errors.load(std::memory_order_relaxed) + errors, std::memory_order_relaxed);
+    br->entries.store(br->entries.load(std::memory_order_relaxed) + entries,
+                      std::memory_order_relaxed);
+    br->errors.store(br->errors.load(std::memory_order_relaxed) + errors,
+                     std::memory_order_relaxed);
     br->unclassified.store(br->unclassified.load(std::memory_order_relaxed) + unclassified,
                            std::memory_order_relaxed);
-    br->unbound.store(br->unbound.load(std::memory_order_relaxed) + unbound, std::memory_order_relaxed);
+    br->unbound.store(br->unbound.load(std::memory_order_relaxed) + unbound,
+                      std::memory_order_relaxed);
     entries = errors = unclassified = unbound = 0;
   }
 };
@@ -213,11 +221,15 @@ int bind_binding(compcntr_fi_bridge* br, std::unique_ptr<binding> b, std::uint64
                  const char* call) noexcept {
   if (flags == 0) return fail(EINVAL, "%s: flags is 0", call);
   if (flags & ~bindable)
-    return fail(EINVAL, "%s: flags 0x%llx has bits outside FI_SEND | FI_RECV | FI_READ | FI_WRITE | "
-                        "FI_REMOTE_READ | FI_REMOTE_WRITE", call, static_cast<unsigned long long>(flags & ~bindable));
+    return fail(EINVAL,
+                "%s: flags 0x%llx has bits outside FI_SEND | FI_RECV | FI_READ | FI_WRITE | "
+                "FI_REMOTE_READ | FI_REMOTE_WRITE",
+                call, static_cast<unsigned long long>(flags & ~bindable));
   if (b->bytes && (flags & no_len))
-    return fail(ENOTSUP, "%s: a BYTES counter can count FI_RECV only (libfabric 1.17 defines a CQ entry's "
-                         "len for receives only; providers report 0 for other classes)", call);
+    return fail(ENOTSUP,
+                "%s: a BYTES counter can count FI_RECV only (libfabric 1.17 defines a CQ entry's "
+                "len for receives only; providers report 0 for other classes)",
+                call);
   std::lock_guard lk(br->bind_mu);
   for (int c = 0; c < n_classes; ++c)
     if ((flags & class_flag[c]) && br->table[c].load(std::memory_order_relaxed) != nullptr)
@@ -238,11 +250,11 @@ int bind_binding(compcntr_fi_bridge* br, std::unique_ptr<binding> b, std::uint64
   // release: progress's acquire load of the class slot sees the binding's fields.
   for (int c = 0; c < n_classes; ++c)
     if (flags & class_flag[c]) br->table[c].store(b.get(), std::memory_order_release);
-  br->owned.push_back(std::move(b));  // capacity reserved above: cannot throw
+  br->owned.push_back(std::move(b)); // capacity reserved above: cannot throw
   return 0;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" {
 
@@ -253,23 +265,30 @@ struct compcntr_fi_bridge* compcntr_fi_bridge_open(struct fid_cq* cq) {
 struct compcntr_fi_bridge* compcntr_fi_bridge_open_ex(struct fid_cq* cq,
                                                       const struct compcntr_fi_bridge_attr* attr) {
   if (cq == nullptr) return fail_open(EINVAL, "compcntr_fi_bridge_open: cq is NULL");
-  if (cq->fid.fclass != FI_CLASS_CQ) return fail_open(EINVAL, "compcntr_fi_bridge_open: cq is not a CQ (fclass)");
+  if (cq->fid.fclass != FI_CLASS_CQ)
+    return fail_open(EINVAL, "compcntr_fi_bridge_open: cq is not a CQ (fclass)");
   std::size_t stride = 0, max_entries = default_max_entries;
   if (attr != nullptr) {
-    constexpr std::uint32_t known = COMPCNTR_FI_BRIDGE_ATTR_FORMAT | COMPCNTR_FI_BRIDGE_ATTR_MAX_ENTRIES;
+    constexpr std::uint32_t known =
+        COMPCNTR_FI_BRIDGE_ATTR_FORMAT | COMPCNTR_FI_BRIDGE_ATTR_MAX_ENTRIES;
     if (attr->comp_mask & ~known) {
-      fail(EINVAL, "compcntr_fi_bridge_open_ex: unknown comp_mask bit(s) 0x%x", attr->comp_mask & ~known);
+      fail(EINVAL, "compcntr_fi_bridge_open_ex: unknown comp_mask bit(s) 0x%x",
+           attr->comp_mask & ~known);
       errno = EINVAL;
       return nullptr;
     }
-    if ((attr->comp_mask & COMPCNTR_FI_BRIDGE_ATTR_FORMAT) && !valid_format(raw_enum(attr->format), stride)) {
-      fail(EINVAL, "compcntr_fi_bridge_open_ex: format %d cannot be bridged (FI_CQ_FORMAT_MSG, _DATA or "
-                   "_TAGGED: CONTEXT entries carry no flags, UNSPEC has no known size)", raw_enum(attr->format));
+    if ((attr->comp_mask & COMPCNTR_FI_BRIDGE_ATTR_FORMAT) &&
+        !valid_format(raw_enum(attr->format), stride)) {
+      fail(EINVAL,
+           "compcntr_fi_bridge_open_ex: format %d cannot be bridged (FI_CQ_FORMAT_MSG, _DATA or "
+           "_TAGGED: CONTEXT entries carry no flags, UNSPEC has no known size)",
+           raw_enum(attr->format));
       errno = EINVAL;
       return nullptr;
     }
     if (attr->comp_mask & COMPCNTR_FI_BRIDGE_ATTR_MAX_ENTRIES) {
-      if (attr->max_entries == 0) return fail_open(EINVAL, "compcntr_fi_bridge_open_ex: max_entries must be > 0");
+      if (attr->max_entries == 0)
+        return fail_open(EINVAL, "compcntr_fi_bridge_open_ex: max_entries must be > 0");
       max_entries = attr->max_entries;
     }
   }
@@ -281,7 +300,8 @@ struct compcntr_fi_bridge* compcntr_fi_bridge_open_ex(struct fid_cq* cq,
   return br;
 }
 
-int compcntr_fi_bridge_bind(struct compcntr_fi_bridge* br, struct compcntr_comp_cntr* cc, uint64_t flags) {
+int compcntr_fi_bridge_bind(struct compcntr_fi_bridge* br, struct compcntr_comp_cntr* cc,
+                            uint64_t flags) {
   if (br == nullptr) return fail(EINVAL, "compcntr_fi_bridge_bind: br is NULL");
   if (cc == nullptr) return fail(EINVAL, "compcntr_fi_bridge_bind: cc is NULL");
   compcntr_comp_cntr_type type{};
@@ -297,11 +317,12 @@ int compcntr_fi_bridge_bind(struct compcntr_fi_bridge* br, struct compcntr_comp_
 ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge* br) {
   if (br == nullptr) return -fail(EINVAL, "compcntr_fi_bridge_progress: br is NULL");
   auto context_refused = [] {
-    return -fail(EOPNOTSUPP, "compcntr_fi_bridge_progress: the CQ has FI_CQ_FORMAT_CONTEXT entries (no flags)");
+    return -fail(EOPNOTSUPP,
+                 "compcntr_fi_bridge_progress: the CQ has FI_CQ_FORMAT_CONTEXT entries (no flags)");
   };
   if (br->context_format.load(std::memory_order_relaxed)) return context_refused();
   drain_guard g(br);
-  if (!g.held) return 0;  // another thread is draining: its entries are counted by it
+  if (!g.held) return 0; // another thread is draining: its entries are counted by it
   // Again under the drain lock: the drainer that found the CONTEXT entry may have set the flag
   // and let go between the check above and our lock; read nothing more then.
   if (br->context_format.load(std::memory_order_relaxed)) return context_refused();
@@ -320,11 +341,14 @@ ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge* br) {
         }
         consumed += n;
         t.flush(br);
-        if (static_cast<std::size_t>(n) < want) break;  // the CQ is (nearly) empty
+        if (static_cast<std::size_t>(n) < want) break; // the CQ is (nearly) empty
       } else if (n == -FI_EAVAIL) {
         const ssize_t r = read_error(br, t);
-        if (r < 0) { error = r; break; }
-        if (r == 0) break;  // the error entry vanished: never spin on -FI_EAVAIL
+        if (r < 0) {
+          error = r;
+          break;
+        }
+        if (r == 0) break; // the error entry vanished: never spin on -FI_EAVAIL
         consumed += r;
         t.flush(br);
       } else {
@@ -345,8 +369,9 @@ ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge* br) {
           ++t.unclassified;
           t.flush(br);
           br->context_format.store(true, std::memory_order_relaxed);
-          error = -fail(EOPNOTSUPP, "compcntr_fi_bridge_progress: the CQ has FI_CQ_FORMAT_CONTEXT entries "
-                                    "(no flags); one entry was consumed and not counted");
+          error = -fail(EOPNOTSUPP,
+                        "compcntr_fi_bridge_progress: the CQ has FI_CQ_FORMAT_CONTEXT entries "
+                        "(no flags); one entry was consumed and not counted");
           // Entries consumed before it (error entries read with fi_cq_readerr) are reported
           // as usual; the next call returns the error.
           return consumed > 1 ? consumed : error;
@@ -354,11 +379,14 @@ ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge* br) {
         t.ok(br, flags, load_u64(br->buf + len_at));
       } else if (n == -FI_EAVAIL) {
         const ssize_t r = read_error(br, t);
-        if (r < 0) { error = r; break; }
-        if (r == 0) break;  // the error entry vanished: never spin on -FI_EAVAIL
+        if (r < 0) {
+          error = r;
+          break;
+        }
+        if (r == 0) break; // the error entry vanished: never spin on -FI_EAVAIL
         consumed += r;
       } else {
-        if (n < 0 && n != -FI_EAGAIN) error = n;  // 0: empty, as -FI_EAGAIN
+        if (n < 0 && n != -FI_EAGAIN) error = n; // 0: empty, as -FI_EAGAIN
         break;
       }
     }
@@ -377,7 +405,8 @@ void compcntr_fi_bridge_progress_fn(void* br) {
   if (br != nullptr) compcntr_fi_bridge_progress(static_cast<compcntr_fi_bridge*>(br));
 }
 
-int compcntr_fi_bridge_query_stats(struct compcntr_fi_bridge* br, struct compcntr_fi_bridge_stats* stats) {
+int compcntr_fi_bridge_query_stats(struct compcntr_fi_bridge* br,
+                                   struct compcntr_fi_bridge_stats* stats) {
   if (br == nullptr) return fail(EINVAL, "compcntr_fi_bridge_query_stats: br is NULL");
   if (stats == nullptr) return fail(EINVAL, "compcntr_fi_bridge_query_stats: stats is NULL");
   stats->entries = br->entries.load(std::memory_order_relaxed);
@@ -393,15 +422,16 @@ int compcntr_fi_bridge_close(struct compcntr_fi_bridge* br) {
     std::lock_guard lk(br->bind_mu);
     std::lock_guard rl(registry_lock());
     for (auto& b : br->owned)
-      if (b->owner) remove_binding(*b->owner, br);  // after this no adapter reader reaches br
+      if (b->owner) remove_binding(*b->owner, br); // after this no adapter reader reaches br
   }
   delete br;
   return 0;
 }
 
-}  // extern "C"
+} // extern "C"
 
-int compcntr::fabric::bind(compcntr_fi_bridge* br, compcntr::counter_ref ref, std::uint64_t flags) noexcept {
+int compcntr::fabric::bind(compcntr_fi_bridge* br, compcntr::counter_ref ref,
+                           std::uint64_t flags) noexcept {
   if (br == nullptr) return fail(EINVAL, "compcntr::fabric::bind: br is NULL");
   if (!ref) return fail(EINVAL, "compcntr::fabric::bind: the counter_ref is empty");
   std::unique_ptr<binding> b(new (std::nothrow) binding);
@@ -411,8 +441,8 @@ int compcntr::fabric::bind(compcntr_fi_bridge* br, compcntr::counter_ref ref, st
   return bind_binding(br, std::move(b), flags, "compcntr::fabric::bind");
 }
 
-int compcntr::fabric::bind(compcntr_fi_bridge* br, const compcntr::device& dev, compcntr::counter_view c,
-                           std::uint64_t flags) noexcept {
+int compcntr::fabric::bind(compcntr_fi_bridge* br, const compcntr::device& dev,
+                           compcntr::counter_view c, std::uint64_t flags) noexcept {
   if (!c) return fail(EINVAL, "compcntr::fabric::bind: the counter is empty");
   std::error_code ec;
   compcntr::counter_ref ref = dev.resolve(c.id(), ec);

@@ -35,7 +35,8 @@ struct compcntr_fi_mirror* compcntr_fi_mirror_open_ex(struct fid_cntr* provider_
     if (attr->comp_mask & ~std::uint32_t{COMPCNTR_FI_MIRROR_ATTR_VALUE_BITS})
       return refuse("unknown attr->comp_mask bit");
     if (attr->comp_mask & COMPCNTR_FI_MIRROR_ATTR_VALUE_BITS) {
-      if (attr->value_bits < 8 || attr->value_bits > 64) return refuse("attr->value_bits must be 8..64");
+      if (attr->value_bits < 8 || attr->value_bits > 64)
+        return refuse("attr->value_bits must be 8..64");
       bits = attr->value_bits;
     }
   }

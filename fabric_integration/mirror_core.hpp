@@ -83,7 +83,8 @@ class mirror_core {
   int resync(F&& f) noexcept {
     std::lock_guard lk(mu_);
     gen_.fetch_add(1, std::memory_order_relaxed);  // odd: a resync is running
-    std::uint64_t l = last_.load(std::memory_order_relaxed), le = last_err_.load(std::memory_order_relaxed);
+    std::uint64_t l = last_.load(std::memory_order_relaxed),
+                  le = last_err_.load(std::memory_order_relaxed);
     const int r = f(l, le);
     last_.store(l & mask_, std::memory_order_relaxed);
     last_err_.store(le & mask_, std::memory_order_relaxed);
@@ -114,8 +115,10 @@ class mirror_core {
     if (d == 0 || d > (mask_ >> 1)) return false;  // stale: another thread added a newer value
     // Add first, then publish: a fast-path reader that sees `last == v` (acquire) also sees
     // the addition, so its pull returns with cc including v.
-    if (err) compcntr_inc_err_comp_cntr(cc_, d);
-    else compcntr_inc_comp_cntr(cc_, d);
+    if (err)
+      compcntr_inc_err_comp_cntr(cc_, d);
+    else
+      compcntr_inc_comp_cntr(cc_, d);
     last.store(v, std::memory_order_release);
     return true;
   }

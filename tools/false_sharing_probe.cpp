@@ -39,10 +39,10 @@ namespace {
 
 struct layout {
   const char* name;
-  std::size_t a, b;  // byte offsets of the two counters
+  std::size_t a, b; // byte offsets of the two counters
 };
 constexpr layout layouts[] = {
-    {"same-word", 0, 0}, {"8", 0, 8},     {"64-in-pair", 0, 64},
+    {"same-word", 0, 0},    {"8", 0, 8},     {"64-in-pair", 0, 64},
     {"64-across", 64, 128}, {"128", 0, 128}, {"256", 0, 256},
 };
 constexpr int n_layouts = sizeof layouts / sizeof layouts[0];
@@ -97,7 +97,7 @@ double run(char* base, const layout& l, std::uint64_t n) {
   return (ns[0] + ns[1]) / 2;
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   const std::uint64_t n = argc > 1 ? std::strtoull(argv[1], nullptr, 0) : 20'000'000;
@@ -125,7 +125,8 @@ int main(int argc, char** argv) {
     auto& v = results[i];
     std::sort(v.begin(), v.end());
     if (v.empty()) {
-      std::printf("%-11s   no run with both threads on a CPU (%d discarded)\n", layouts[i].name, discarded[i]);
+      std::printf("%-11s   no run with both threads on a CPU (%d discarded)\n", layouts[i].name,
+                  discarded[i]);
       continue;
     }
     std::printf("%-11s %9.2f %9.2f %9.2f %3zu/%-3d\n", layouts[i].name, v[v.size() / 2], v.front(),

@@ -51,13 +51,15 @@ struct raw_credits {
 __attribute__((noinline)) void tracker_pairs(compcntr::credit_tracker& tr, compcntr::counter& c,
                                              std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) {
-    if (tr.try_acquire(0, 1) != std::errc{}) [[unlikely]] return;  // cannot happen: 1 in flight
+    if (tr.try_acquire(0, 1) != std::errc{}) [[unlikely]]
+      return; // cannot happen: 1 in flight
     c.add(1);
   }
 }
 __attribute__((noinline)) void raw_pairs(raw_credits& r, std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) {
-    if (!r.try_take()) [[unlikely]] return;
+    if (!r.try_take()) [[unlikely]]
+      return;
     r.completed.v.fetch_add(1);
   }
 }
@@ -65,7 +67,8 @@ __attribute__((noinline)) void raw_pairs(raw_credits& r, std::uint64_t n) {
 __attribute__((noinline)) void mpich_pairs(std::uint64_t& issued, std::atomic<std::uint64_t>& done,
                                            std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) {
-    if (issued - done.load(std::memory_order_acquire) + 1 > credits) [[unlikely]] return;
+    if (issued - done.load(std::memory_order_acquire) + 1 > credits) [[unlikely]]
+      return;
     ++issued;
     done.fetch_add(1);
   }
@@ -84,8 +87,8 @@ void run(bench::context& ctx) {
   compcntr::counter* peers[] = {&c};
   compcntr::credit_tracker tr;
   if (!ec) tr = compcntr::credit_tracker::adopt(dev, peers, credits, ec);
-  const std::string why = ec ? "soft device/counter/tracker: " + std::string(compcntr::last_error_message())
-                             : "";
+  const std::string why =
+      ec ? "soft device/counter/tracker: " + std::string(compcntr::last_error_message()) : "";
   auto raw = std::make_unique<raw_credits>();
   auto mpich_done = std::make_unique<padded_atomic>();
   std::uint64_t mpich_issued = 0;
@@ -109,20 +112,23 @@ void run(bench::context& ctx) {
   };
   const compcntr::wait_options spin{.spin = compcntr::spin_forever};
   const std::string two_name = "acquire(1) + completer thread, 4 credits, spin";
-  bench::variant two = !why.empty() ? bench::unavailable_variant(two_name, why)
-      : pair(two_name,
-             [&](std::uint64_t n) {
-               for (std::uint64_t i = 0; i < n; ++i)
-                 if (tr.acquire(0, 1, compcntr::wait_forever, spin) != std::errc{}) return;
-             },
-             [&](std::uint64_t n) {
-               // Complete exactly what this sample's acquirer issues, as soon as it is issued.
-               const std::uint64_t base = c.value();
-               for (std::uint64_t i = 1; i <= n; ++i) {
-                 while (tr.issued(0) - base < i) __builtin_ia32_pause();
-                 c.add(1);
-               }
-             });
+  bench::variant two =
+      !why.empty() ? bench::unavailable_variant(two_name, why)
+                   : pair(
+                         two_name,
+                         [&](std::uint64_t n) {
+                           for (std::uint64_t i = 0; i < n; ++i)
+                             if (tr.acquire(0, 1, compcntr::wait_forever, spin) != std::errc{})
+                               return;
+                         },
+                         [&](std::uint64_t n) {
+                           // Complete exactly what this sample's acquirer issues, as soon as it is issued.
+                           const std::uint64_t base = c.value();
+                           for (std::uint64_t i = 1; i <= n; ++i) {
+                             while (tr.issued(0) - base < i) __builtin_ia32_pause();
+                             c.add(1);
+                           }
+                         });
   auto r = ctx.measure({
       one,
       bench::timed("raw atomics, same algorithm, one thread",
@@ -130,27 +136,32 @@ void run(bench::context& ctx) {
       bench::timed("MPICH pattern: plain issued count + atomic completions, one thread",
                    [&](std::uint64_t n) { mpich_pairs(mpich_issued, mpich_done->v, n); }),
       two,
-      pair("raw atomics, same protocol, completer thread",
-           [&](std::uint64_t n) {
-             for (std::uint64_t i = 0; i < n; ++i)
-               while (!raw->try_take()) __builtin_ia32_pause();
-           },
-           [&](std::uint64_t n) {
-             const std::uint64_t base = raw->completed.v.load(std::memory_order_relaxed);
-             for (std::uint64_t i = 1; i <= n; ++i) {
-               spin_until(raw->issued.v, base + i);
-               raw->completed.v.fetch_add(1);
-             }
-           }),
+      pair(
+          "raw atomics, same protocol, completer thread",
+          [&](std::uint64_t n) {
+            for (std::uint64_t i = 0; i < n; ++i)
+              while (!raw->try_take()) __builtin_ia32_pause();
+          },
+          [&](std::uint64_t n) {
+            const std::uint64_t base = raw->completed.v.load(std::memory_order_relaxed);
+            for (std::uint64_t i = 1; i <= n; ++i) {
+              spin_until(raw->issued.v, base + i);
+              raw->completed.v.fetch_add(1);
+            }
+          }),
   });
   for (auto& x : r) x.unit = "ns/credit";
   bench::keep(mpich_issued);
-  ctx.add(bench::compare("C1", "credits, 1 thread: tracker vs same algorithm on raw atomics", r[0], r[1]));
-  ctx.add(bench::compare("C1", "credits, 1 thread: tracker vs MPICH plain issued count", r[0], r[2]));
+  ctx.add(bench::compare("C1", "credits, 1 thread: tracker vs same algorithm on raw atomics", r[0],
+                         r[1]));
+  ctx.add(
+      bench::compare("C1", "credits, 1 thread: tracker vs MPICH plain issued count", r[0], r[2]));
   ctx.add(bench::compare("C1", "credits, 2 threads: tracker vs raw atomics", r[3], r[4]));
 }
 
-}  // namespace
+} // namespace
 
-COMPCNTR_BENCH_ROW("C1", "credit tracker (no spec target): admission + completion vs raw atomics "
-                         "and the MPICH pattern", run);
+COMPCNTR_BENCH_ROW("C1",
+                   "credit tracker (no spec target): admission + completion vs raw atomics "
+                   "and the MPICH pattern",
+                   run);

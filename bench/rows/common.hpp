@@ -20,7 +20,8 @@ struct alignas(128) padded_atomic {
 __attribute__((noinline)) inline void add_loop(compcntr::counter& c, std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) c.add(1);
 }
-__attribute__((noinline)) inline void fetch_add_loop(std::atomic<std::uint64_t>& a, std::uint64_t n) {
+__attribute__((noinline)) inline void fetch_add_loop(std::atomic<std::uint64_t>& a,
+                                                     std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) a.fetch_add(1);
 }
 

@@ -60,8 +60,8 @@ class free_list {
 /// n blocks of fresh anonymous memory (not yet touched: first use faults its pages in, as a
 /// pool's new arenas do), or nullptr. Free with unmap_blocks.
 inline block128* map_blocks(std::size_t n) noexcept {
-  void* p = ::mmap(nullptr, n * sizeof(block128), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+  void* p = ::mmap(nullptr, n * sizeof(block128), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? nullptr : static_cast<block128*>(p);
 }
 inline void unmap_blocks(block128* p, std::size_t n) noexcept {

@@ -33,7 +33,8 @@ inline const char* config_name(config c) {
 
 /// Runs probe `name` in a fresh process with the environment of `c`. Sets why on failure.
 inline std::map<std::string, std::string> run(const context& ctx, config c, const std::string& name,
-                                              const std::vector<std::string>& args, std::string& why) {
+                                              const std::vector<std::string>& args,
+                                              std::string& why) {
   const std::string dir = COMPCNTR_BENCH_HOOK_DIR;
   if (c != config::plain && dir.empty()) {
     why = "built without the hook provider";
@@ -47,8 +48,10 @@ inline std::map<std::string, std::string> run(const context& ctx, config c, cons
     setenv("FI_HOOK", "compcntr", 1);
     setenv("FI_PROVIDER_PATH", dir.c_str(), 1);
   }
-  if (c == config::thread) setenv("COMPCNTR_FI_PROGRESS_THREAD", "1", 1);
-  else unsetenv("COMPCNTR_FI_PROGRESS_THREAD");
+  if (c == config::thread)
+    setenv("COMPCNTR_FI_PROGRESS_THREAD", "1", 1);
+  else
+    unsetenv("COMPCNTR_FI_PROGRESS_THREAD");
   auto kv = ctx.run_probe(name, args, why);
   unsetenv("FI_HOOK");
   unsetenv("FI_PROVIDER_PATH");
@@ -97,7 +100,8 @@ inline std::vector<result> collect(const context& ctx, const std::vector<config>
       }
       for (double s : samples(kv)) all[k].push_back(s);
       for (auto& [key, val] : kv)
-        if (key.empty() || key[0] != 's' || key.find_first_not_of("0123456789", 1) != std::string::npos)
+        if (key.empty() || key[0] != 's' ||
+            key.find_first_not_of("0123456789", 1) != std::string::npos)
           out[k].notes[key] = val;
       if (auto it = kv.find("n"); it != kv.end()) out[k].n = std::stoull(it->second);
     }

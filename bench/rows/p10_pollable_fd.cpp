@@ -38,17 +38,20 @@ void run(bench::context& ctx) {
   }
   const std::string cc_name = "counter::add(1), pollable fd created, not armed";
   const std::string p2_name = "counter::add(1), no fd (P2)";
-  bench::variant cc = !why.empty() ? bench::unavailable_variant(cc_name, why)
-                                   : bench::timed(cc_name, [&](std::uint64_t n) { add_loop(with_fd, n); });
-  bench::variant p2 = !why.empty() ? bench::unavailable_variant(p2_name, why)
-                                   : bench::timed(p2_name, [&](std::uint64_t n) { add_loop(plain, n); });
+  bench::variant cc = !why.empty()
+                          ? bench::unavailable_variant(cc_name, why)
+                          : bench::timed(cc_name, [&](std::uint64_t n) { add_loop(with_fd, n); });
+  bench::variant p2 = !why.empty()
+                          ? bench::unavailable_variant(p2_name, why)
+                          : bench::timed(p2_name, [&](std::uint64_t n) { add_loop(plain, n); });
   if (fd >= 0) cc.notes["fd"] = std::to_string(fd);
   auto raw = std::make_unique<padded_atomic>();
   bench::escape(raw.get());
   auto r = ctx.measure({
       cc,
       p2,
-      bench::timed("std::atomic<uint64_t>::fetch_add(1)", [a = &raw->v](std::uint64_t n) { fetch_add_loop(*a, n); }),
+      bench::timed("std::atomic<uint64_t>::fetch_add(1)",
+                   [a = &raw->v](std::uint64_t n) { fetch_add_loop(*a, n); }),
   });
   ctx.add(bench::compare("P10", "add(1) with an unarmed pollable fd vs P2 add(1)", r[0], r[1],
                          bench::goal::ratio_at_most, 1.15));

@@ -39,8 +39,9 @@ __attribute__((noinline)) void cxx_add(compcntr::counter& c, std::uint64_t n) {
 __attribute__((noinline)) void cxx_add_error(compcntr::counter& c, std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) c.add_error(1);
 }
-__attribute__((noinline)) void cxx_wait_satisfied(const compcntr::counter& c, std::uint64_t threshold,
-                                                  std::uint64_t n, std::uint64_t& failures) {
+__attribute__((noinline)) void cxx_wait_satisfied(const compcntr::counter& c,
+                                                  std::uint64_t threshold, std::uint64_t n,
+                                                  std::uint64_t& failures) {
   std::uint64_t bad = 0;
   for (std::uint64_t i = 0; i < n; ++i)
     if (compcntr::wait(c, threshold, 1000ms) != std::errc{}) ++bad;
@@ -62,7 +63,8 @@ void run(bench::context& ctx) {
   auto dev = compcntr::device::open("soft", ec);
   compcntr::counter c;
   if (!ec) c = dev.create_counter(compcntr::counter_type::wrs, ec);
-  const std::string cxx_why = ec ? "soft device/counter: " + std::string(compcntr::last_error_message()) : "";
+  const std::string cxx_why =
+      ec ? "soft device/counter: " + std::string(compcntr::last_error_message()) : "";
   // A reached threshold for the waits: both counters start above it and only grow.
   constexpr std::uint64_t threshold = 1;
   if (cc) compcntr_set_comp_cntr(cc, 42);
@@ -73,19 +75,26 @@ void run(bench::context& ctx) {
 
   std::uint64_t failures = 0;  // non-zero returns inside the timed loops
   auto c_variant = [&](std::string name, auto body) {
-    return cc ? bench::timed(std::move(name), body) : bench::unavailable_variant(std::move(name), why);
+    return cc ? bench::timed(std::move(name), body)
+              : bench::unavailable_variant(std::move(name), why);
   };
   auto cxx_variant = [&](std::string name, auto body) {
-    return c ? bench::timed(std::move(name), body) : bench::unavailable_variant(std::move(name), cxx_why);
+    return c ? bench::timed(std::move(name), body)
+             : bench::unavailable_variant(std::move(name), cxx_why);
   };
   auto r = ctx.measure({
-      c_variant("C compcntr_read_comp_cntr", [&](std::uint64_t n) { p11_c_read(cc, n, &failures); }),
+      c_variant("C compcntr_read_comp_cntr",
+                [&](std::uint64_t n) { p11_c_read(cc, n, &failures); }),
       cxx_variant("C++ counter::value()", [&](std::uint64_t n) { cxx_read(c, n); }),
-      bench::timed("C atomic_load_explicit(acquire)", [a = &raw_load->v](std::uint64_t n) { p11_c_raw_load(a, n); }),
-      c_variant("C compcntr_inc_comp_cntr(1)", [&](std::uint64_t n) { p11_c_inc(cc, n, &failures); }),
+      bench::timed("C atomic_load_explicit(acquire)",
+                   [a = &raw_load->v](std::uint64_t n) { p11_c_raw_load(a, n); }),
+      c_variant("C compcntr_inc_comp_cntr(1)",
+                [&](std::uint64_t n) { p11_c_inc(cc, n, &failures); }),
       cxx_variant("C++ counter::add(1)", [&](std::uint64_t n) { cxx_add(c, n); }),
-      bench::timed("C atomic_fetch_add(1)", [a = &raw_add->v](std::uint64_t n) { p11_c_raw_fetch_add(a, n); }),
-      c_variant("C compcntr_inc_err_comp_cntr(1)", [&](std::uint64_t n) { p11_c_inc_err(cc, n, &failures); }),
+      bench::timed("C atomic_fetch_add(1)",
+                   [a = &raw_add->v](std::uint64_t n) { p11_c_raw_fetch_add(a, n); }),
+      c_variant("C compcntr_inc_err_comp_cntr(1)",
+                [&](std::uint64_t n) { p11_c_inc_err(cc, n, &failures); }),
       cxx_variant("C++ counter::add_error(1)", [&](std::uint64_t n) { cxx_add_error(c, n); }),
       c_variant("C compcntr_wait_comp_cntr, threshold reached",
                 [&](std::uint64_t n) { p11_c_wait_satisfied(cc, threshold, n, &failures); }),
@@ -104,12 +113,18 @@ void run(bench::context& ctx) {
   ctx.add(bench::compare("P11", "C read vs raw atomic load", r[0], r[2], goal::ratio_at_most, 1.1));
   ctx.add(bench::compare("P11", "C inc vs C++ add(1)", r[3], r[4], goal::ratio_at_most, 1.1));
   ctx.add(bench::compare("P11", "C inc vs raw fetch_add", r[3], r[5], goal::ratio_at_most, 1.1));
-  ctx.add(bench::compare("P11", "C inc_err vs C++ add_error(1)", r[6], r[7], goal::ratio_at_most, 1.1));
-  ctx.add(bench::compare("P11", "C inc_err vs raw fetch_add", r[6], r[5], goal::ratio_at_most, 1.1));
-  ctx.add(bench::compare("P11", "C wait, reached threshold, vs C read", r[8], r[0], goal::ratio_at_most, 1.2));
+  ctx.add(
+      bench::compare("P11", "C inc_err vs C++ add_error(1)", r[6], r[7], goal::ratio_at_most, 1.1));
+  ctx.add(
+      bench::compare("P11", "C inc_err vs raw fetch_add", r[6], r[5], goal::ratio_at_most, 1.1));
+  ctx.add(bench::compare("P11", "C wait, reached threshold, vs C read", r[8], r[0],
+                         goal::ratio_at_most, 1.2));
   ctx.add(bench::compare("P11", "C wait, reached threshold, vs C++ wait", r[8], r[9]));
 }
 
 }  // namespace
 
-COMPCNTR_BENCH_ROW("P11", "C API from a C translation unit: read, inc, inc_err, satisfied wait vs C++ and raw atomics", run);
+COMPCNTR_BENCH_ROW(
+    "P11",
+    "C API from a C translation unit: read, inc, inc_err, satisfied wait vs C++ and raw atomics",
+    run);

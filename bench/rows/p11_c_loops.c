@@ -14,58 +14,76 @@
 
 #define KEEP(v) __asm__ volatile("" : : "r"(v))
 
-__attribute__((noinline)) void p11_c_read(struct compcntr_comp_cntr *cc, uint64_t n, uint64_t *failures) {
+__attribute__((noinline)) void p11_c_read(struct compcntr_comp_cntr *cc, uint64_t n,
+                                          uint64_t *failures)
+{
 	uint64_t bad = 0;
 	for (uint64_t i = 0; i < n; ++i) {
 		uint64_t v;
-		if (compcntr_read_comp_cntr(cc, &v) != 0) ++bad;
+		if (compcntr_read_comp_cntr(cc, &v) != 0)
+			++bad;
 		KEEP(v);
 	}
 	*failures += bad;
 }
 
-__attribute__((noinline)) void p11_c_read_err(struct compcntr_comp_cntr *cc, uint64_t n, uint64_t *failures) {
+__attribute__((noinline)) void p11_c_read_err(struct compcntr_comp_cntr *cc, uint64_t n,
+                                              uint64_t *failures)
+{
 	uint64_t bad = 0;
 	for (uint64_t i = 0; i < n; ++i) {
 		uint64_t v;
-		if (compcntr_read_err_comp_cntr(cc, &v) != 0) ++bad;
+		if (compcntr_read_err_comp_cntr(cc, &v) != 0)
+			++bad;
 		KEEP(v);
 	}
 	*failures += bad;
 }
 
-__attribute__((noinline)) void p11_c_inc(struct compcntr_comp_cntr *cc, uint64_t n, uint64_t *failures) {
+__attribute__((noinline)) void p11_c_inc(struct compcntr_comp_cntr *cc, uint64_t n,
+                                         uint64_t *failures)
+{
 	uint64_t bad = 0;
 	for (uint64_t i = 0; i < n; ++i)
-		if (compcntr_inc_comp_cntr(cc, 1) != 0) ++bad;
+		if (compcntr_inc_comp_cntr(cc, 1) != 0)
+			++bad;
 	*failures += bad;
 }
 
-__attribute__((noinline)) void p11_c_inc_err(struct compcntr_comp_cntr *cc, uint64_t n, uint64_t *failures) {
+__attribute__((noinline)) void p11_c_inc_err(struct compcntr_comp_cntr *cc, uint64_t n,
+                                             uint64_t *failures)
+{
 	uint64_t bad = 0;
 	for (uint64_t i = 0; i < n; ++i)
-		if (compcntr_inc_err_comp_cntr(cc, 1) != 0) ++bad;
+		if (compcntr_inc_err_comp_cntr(cc, 1) != 0)
+			++bad;
 	*failures += bad;
 }
 
 /* A wait whose threshold is already reached (the common case of a runtime's completion check):
  * the call must return 0 at once. */
-__attribute__((noinline)) void p11_c_wait_satisfied(struct compcntr_comp_cntr *cc, uint64_t threshold,
-                                                    uint64_t n, uint64_t *failures) {
+__attribute__((noinline)) void p11_c_wait_satisfied(struct compcntr_comp_cntr *cc,
+                                                    uint64_t threshold, uint64_t n,
+                                                    uint64_t *failures)
+{
 	uint64_t bad = 0;
 	for (uint64_t i = 0; i < n; ++i)
-		if (compcntr_wait_comp_cntr(cc, threshold, 1000) != 0) ++bad;
+		if (compcntr_wait_comp_cntr(cc, threshold, 1000) != 0)
+			++bad;
 	*failures += bad;
 }
 
 /* The raw C11 atomics a C runtime would otherwise use. */
-__attribute__((noinline)) void p11_c_raw_load(_Atomic uint64_t *a, uint64_t n) {
+__attribute__((noinline)) void p11_c_raw_load(_Atomic uint64_t *a, uint64_t n)
+{
 	for (uint64_t i = 0; i < n; ++i) {
 		uint64_t v = atomic_load_explicit(a, memory_order_acquire);
 		KEEP(v);
 	}
 }
 
-__attribute__((noinline)) void p11_c_raw_fetch_add(_Atomic uint64_t *a, uint64_t n) {
-	for (uint64_t i = 0; i < n; ++i) atomic_fetch_add(a, 1);
+__attribute__((noinline)) void p11_c_raw_fetch_add(_Atomic uint64_t *a, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; ++i)
+		atomic_fetch_add(a, 1);
 }

@@ -18,7 +18,8 @@ void p11_c_read(struct compcntr_comp_cntr *cc, uint64_t n, uint64_t *failures);
 void p11_c_read_err(struct compcntr_comp_cntr *cc, uint64_t n, uint64_t *failures);
 void p11_c_inc(struct compcntr_comp_cntr *cc, uint64_t n, uint64_t *failures);
 void p11_c_inc_err(struct compcntr_comp_cntr *cc, uint64_t n, uint64_t *failures);
-void p11_c_wait_satisfied(struct compcntr_comp_cntr *cc, uint64_t threshold, uint64_t n, uint64_t *failures);
+void p11_c_wait_satisfied(struct compcntr_comp_cntr *cc, uint64_t threshold, uint64_t n,
+                          uint64_t *failures);
 void p11_c_raw_load(p11_atomic_u64 *a, uint64_t n);
 void p11_c_raw_fetch_add(p11_atomic_u64 *a, uint64_t n);
 

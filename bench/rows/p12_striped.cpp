@@ -61,15 +61,17 @@ bench::result scaled(bench::result r, double k, std::string name) {
 
 void run(bench::context& ctx) {
   const bool two_cpus = bench::allowed_cpus().size() >= 2;
-  const std::string why_cpus = "needs 2 CPUs, this process may use " +
-                               std::to_string(bench::allowed_cpus().size());
+  const std::string why_cpus =
+      "needs 2 CPUs, this process may use " + std::to_string(bench::allowed_cpus().size());
   std::error_code ec;
   auto dev = compcntr::device::open("soft", ec);
   compcntr::counter plain, striped;
   if (!ec) plain = dev.create_counter(compcntr::counter_type::wrs, ec);
-  const std::string why_dev = ec ? "soft device/counter: " + std::string(compcntr::last_error_message()) : "";
+  const std::string why_dev =
+      ec ? "soft device/counter: " + std::string(compcntr::last_error_message()) : "";
   if (!ec)
-    striped = dev.create_counter(compcntr::counter_options{.stripes = compcntr::stripes_per_cpu}, ec);
+    striped =
+        dev.create_counter(compcntr::counter_options{.stripes = compcntr::stripes_per_cpu}, ec);
   const std::string why_striped =
       ec ? "striped counter: " + std::string(compcntr::last_error_message()) : "";
   // One stripe per CPU the system is configured for (rounded up to a power of two).
@@ -91,25 +93,38 @@ void run(bench::context& ctx) {
   auto shared = std::make_unique<padded_atomic>();
   const auto before = ctx.pair_stats;
   auto r = ctx.measure({
-      why_striped.empty() ? pair("two threads, one striped compcntr counter, add(1)",
-                                 [&](std::uint64_t n) { add_loop(striped, n); added_a += n; },
-                                 [&](std::uint64_t n) { add_loop(striped, n); added_b += n; })
-                          : bench::unavailable_variant("two threads, one striped compcntr counter", why_striped),
-      pair("two threads, two 128-byte-padded std::atomic, fetch_add(1)",
-           [p = &padded[0].v](std::uint64_t n) { fetch_add_loop(*p, n); },
-           [p = &padded[1].v](std::uint64_t n) { fetch_add_loop(*p, n); }),
-      pair("two threads, one shared std::atomic, fetch_add(1)",
-           [p = &shared->v](std::uint64_t n) { fetch_add_loop(*p, n); },
-           [p = &shared->v](std::uint64_t n) { fetch_add_loop(*p, n); }),
-      why_dev.empty() ? pair("two threads, one plain compcntr counter, add(1)",
-                             [&](std::uint64_t n) { add_loop(plain, n); },
-                             [&](std::uint64_t n) { add_loop(plain, n); })
-                      : bench::unavailable_variant("two threads, one plain compcntr counter", why_dev),
+      why_striped.empty()
+          ? pair(
+                "two threads, one striped compcntr counter, add(1)",
+                [&](std::uint64_t n) {
+                  add_loop(striped, n);
+                  added_a += n;
+                },
+                [&](std::uint64_t n) {
+                  add_loop(striped, n);
+                  added_b += n;
+                })
+          : bench::unavailable_variant("two threads, one striped compcntr counter", why_striped),
+      pair(
+          "two threads, two 128-byte-padded std::atomic, fetch_add(1)",
+          [p = &padded[0].v](std::uint64_t n) { fetch_add_loop(*p, n); },
+          [p = &padded[1].v](std::uint64_t n) { fetch_add_loop(*p, n); }),
+      pair(
+          "two threads, one shared std::atomic, fetch_add(1)",
+          [p = &shared->v](std::uint64_t n) { fetch_add_loop(*p, n); },
+          [p = &shared->v](std::uint64_t n) { fetch_add_loop(*p, n); }),
+      why_dev.empty()
+          ? pair(
+                "two threads, one plain compcntr counter, add(1)",
+                [&](std::uint64_t n) { add_loop(plain, n); },
+                [&](std::uint64_t n) { add_loop(plain, n); })
+          : bench::unavailable_variant("two threads, one plain compcntr counter", why_dev),
   });
   for (auto& x : r) x.unit = "ns/inc";
   const auto& after = ctx.pair_stats;
   char overlap[200];
-  std::snprintf(overlap, sizeof overlap, "%llu two-thread samples took %llu re-runs; %llu kept below %.0f%% overlap",
+  std::snprintf(overlap, sizeof overlap,
+                "%llu two-thread samples took %llu re-runs; %llu kept below %.0f%% overlap",
                 static_cast<unsigned long long>(after.samples - before.samples),
                 static_cast<unsigned long long>(after.retries - before.retries),
                 static_cast<unsigned long long>(after.low_overlap - before.low_overlap),
@@ -120,9 +135,11 @@ void run(bench::context& ctx) {
   // threads' increments of every sample are in the striped counter.
   const bool exact = !striped || striped.value() == added_a + added_b;
   auto rr = ctx.measure({
-      why_striped.empty() ? bench::timed("striped counter value()", [&](std::uint64_t n) { read_loop(striped, n); })
-                          : bench::unavailable_variant("striped counter value()", why_striped),
-      bench::timed("std::atomic<uint64_t>::load(acquire)", [a = &raw[0].v](std::uint64_t n) { load_loop(*a, n); }),
+      why_striped.empty()
+          ? bench::timed("striped counter value()", [&](std::uint64_t n) { read_loop(striped, n); })
+          : bench::unavailable_variant("striped counter value()", why_striped),
+      bench::timed("std::atomic<uint64_t>::load(acquire)",
+                   [a = &raw[0].v](std::uint64_t n) { load_loop(*a, n); }),
       bench::timed("sum of " + std::to_string(stripes) + " padded std::atomic loads",
                    [a = raw.get(), stripes](std::uint64_t n) { sum_loop(a, stripes, n); }),
   });
@@ -133,8 +150,12 @@ void run(bench::context& ctx) {
   using bench::goal;
   ctx.add(bench::compare("P12", "2 threads, 1 striped counter vs 2 padded atomics", r[0], r[1],
                          goal::speedup_at_least, 0.9, overlap));
-  if (!exact) ctx.add(bench::absolute("P12", "striped counter lost increments",
-                                      bench::result::unavailable("striped counter", "value() " + std::to_string(striped.value()) + " != " + std::to_string(added_a + added_b) + " increments made")));
+  if (!exact)
+    ctx.add(bench::absolute("P12", "striped counter lost increments",
+                            bench::result::unavailable(
+                                "striped counter", "value() " + std::to_string(striped.value()) +
+                                                       " != " + std::to_string(added_a + added_b) +
+                                                       " increments made")));
   ctx.add(bench::compare("P12", "2 threads, 1 striped counter vs 1 shared atomic", r[0], r[2]));
   ctx.add(bench::compare("P12", "2 threads, 1 striped counter vs 1 plain counter", r[0], r[3]));
   ctx.add(bench::compare("P12", "striped read vs " + k + " x a raw load", rr[0], k_loads,
@@ -142,6 +163,8 @@ void run(bench::context& ctx) {
   ctx.add(bench::compare("P12", "striped read vs sum of " + k + " raw loads", rr[0], rr[2]));
 }
 
-}  // namespace
+} // namespace
 
-COMPCNTR_BENCH_ROW("P12", "one striped counter, two threads, vs padded raw atomics; striped read cost", run);
+COMPCNTR_BENCH_ROW("P12",
+                   "one striped counter, two threads, vs padded raw atomics; striped read cost",
+                   run);

@@ -74,7 +74,9 @@ struct side {
   }
 };
 
-std::string fail(const char* call, int r) { return std::string(call) + ": " + fi_strerror(r < 0 ? -r : r); }
+std::string fail(const char* call, int r) {
+  return std::string(call) + ": " + fi_strerror(r < 0 ? -r : r);
+}
 
 // Opens one side; the counters use FI_WAIT_UNSPEC (fi_cntr_wait needs a wait object).
 std::string open_side(side& s, const std::string& prov) {
@@ -85,7 +87,8 @@ std::string open_side(side& s, const std::string& prov) {
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   hints->fabric_attr->prov_name = strdup(prov.c_str());
   const bool ip = prov != "shm";
-  int r = fi_getinfo(FI_VERSION(1, 17), ip ? "127.0.0.1" : nullptr, nullptr, ip ? FI_SOURCE : 0, hints, &s.info);
+  int r = fi_getinfo(FI_VERSION(1, 17), ip ? "127.0.0.1" : nullptr, nullptr, ip ? FI_SOURCE : 0,
+                     hints, &s.info);
   fi_freeinfo(hints);
   if (r) return s.info = nullptr, fail("fi_getinfo", r);
   if ((r = fi_fabric(s.info->fabric_attr, &s.fabric, nullptr))) return fail("fi_fabric", r);
@@ -103,7 +106,8 @@ std::string open_side(side& s, const std::string& prov) {
   if ((r = fi_cntr_open(s.domain, &cn, &s.tx, nullptr))) return fail("fi_cntr_open", r);
   if ((r = fi_cntr_open(s.domain, &cn, &s.rx, nullptr))) return fail("fi_cntr_open", r);
   if ((r = fi_ep_bind(s.ep, &s.av->fid, 0))) return fail("fi_ep_bind(av)", r);
-  if ((r = fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION))) return fail("fi_ep_bind(cq)", r);
+  if ((r = fi_ep_bind(s.ep, &s.cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION)))
+    return fail("fi_ep_bind(cq)", r);
   if ((r = fi_ep_bind(s.ep, &s.tx->fid, FI_SEND))) return fail("fi_ep_bind(tx)", r);
   if ((r = fi_ep_bind(s.ep, &s.rx->fid, FI_RECV))) return fail("fi_ep_bind(rx)", r);
   if ((r = fi_enable(s.ep))) return fail("fi_enable", r);
@@ -138,7 +142,8 @@ bool loop(side& s, bool client, bool polling, std::uint64_t done, std::uint64_t 
   for (std::uint64_t i = done + 1; i <= done + count; ++i) {
     auto send = [&] {
       ssize_t r;
-      while ((r = fi_send(s.ep, s.buf[0], msg, s.desc, s.peer, &s.ctx[0])) == -FI_EAGAIN) fi_cntr_read(s.tx);
+      while ((r = fi_send(s.ep, s.buf[0], msg, s.desc, s.peer, &s.ctx[0])) == -FI_EAGAIN)
+        fi_cntr_read(s.tx);
       return r == 0;
     };
     auto wait_rx = [&] {
@@ -150,7 +155,8 @@ bool loop(side& s, bool client, bool polling, std::uint64_t done, std::uint64_t 
     };
     auto repost = [&] {
       ssize_t r;
-      while ((r = fi_recv(s.ep, s.buf[1], msg, s.desc, FI_ADDR_UNSPEC, &s.ctx[1])) == -FI_EAGAIN) fi_cntr_read(s.rx);
+      while ((r = fi_recv(s.ep, s.buf[1], msg, s.desc, FI_ADDR_UNSPEC, &s.ctx[1])) == -FI_EAGAIN)
+        fi_cntr_read(s.rx);
       return r == 0;
     };
     if (client) {
@@ -173,7 +179,7 @@ int probe(const std::vector<std::string>& args) {
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) != 0) return std::printf("error=socketpair\n"), 1;
   std::fflush(stdout);
-  const pid_t pid = fork();  // before any libfabric call: each process initialises its own
+  const pid_t pid = fork(); // before any libfabric call: each process initialises its own
   if (pid < 0) return std::printf("error=fork\n"), 1;
   const bool client = pid != 0;
   const int fd = client ? sp[0] : sp[1];
@@ -195,7 +201,8 @@ int probe(const std::vector<std::string>& args) {
     bool ok = xfer(fd, &mine, sizeof mine, true) && xfer(fd, name, sizeof name, true) &&
               xfer(fd, &theirs, sizeof theirs, false) && xfer(fd, peer, sizeof peer, false);
     if (ok && mine && theirs) {
-      if (fi_av_insert(s.av, peer, 1, &s.peer, 0, nullptr) != 1) why = "fi_av_insert failed", ok = false;
+      if (fi_av_insert(s.av, peer, 1, &s.peer, 0, nullptr) != 1)
+        why = "fi_av_insert failed", ok = false;
     } else {
       ok = false;
       if (why.empty()) why = "the peer failed to open " + prov;
@@ -210,7 +217,8 @@ int probe(const std::vector<std::string>& args) {
     for (int k = 0; ok && k < samples; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
       ok = loop(s, client, polling, done, iters);
-      const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+      const double ns =
+          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
       done += iters;
       out.push_back(ns / (2.0 * static_cast<double>(iters)));
     }
@@ -248,9 +256,10 @@ int probe(const std::vector<std::string>&) {
 void run(bench::context& ctx) {
   if (bench::allowed_cpus().size() < 2) {
     for (const char* prov : {"tcp;ofi_rxm", "shm"})
-      ctx.add(bench::compare("P13", std::string("counter ping-pong (") + prov + ")",
-                             bench::result::unavailable("hook", "needs 2 CPUs", "ns one-way"),
-                             bench::result::unavailable("libfabric", "needs 2 CPUs", "ns one-way")));
+      ctx.add(
+          bench::compare("P13", std::string("counter ping-pong (") + prov + ")",
+                         bench::result::unavailable("hook", "needs 2 CPUs", "ns one-way"),
+                         bench::result::unavailable("libfabric", "needs 2 CPUs", "ns one-way")));
     return;
   }
   const int rounds = ctx.opt.smoke ? 1 : 3;
@@ -263,17 +272,19 @@ void run(bench::context& ctx) {
       const std::string what = mode == "wait" ? "fi_cntr_wait" : "fi_cntr_read polling";
       std::vector<std::string> names;
       for (config c : cs)
-        names.push_back("ping-pong 64 B, " + what + " (" + prov + ", " + bench::hook::config_name(c) + ")");
+        names.push_back("ping-pong 64 B, " + what + " (" + prov + ", " +
+                        bench::hook::config_name(c) + ")");
       auto r = bench::hook::collect(ctx, cs, names, "p13-pingpong",
-                                    {prov, mode, std::to_string(iters), std::to_string(samples)}, rounds,
-                                    "ns one-way");
-      ctx.add(bench::compare("P13", "counter ping-pong, " + what + " (" + prov + "): hook vs libfabric", r[1],
-                             r[0], bench::goal::ratio_at_most, 1.0));
+                                    {prov, mode, std::to_string(iters), std::to_string(samples)},
+                                    rounds, "ns one-way");
+      ctx.add(bench::compare("P13",
+                             "counter ping-pong, " + what + " (" + prov + "): hook vs libfabric",
+                             r[1], r[0], bench::goal::ratio_at_most, 1.0));
     }
   }
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P13", "counter ping-pong through the hook provider, vs libfabric alone", run);
 COMPCNTR_BENCH_PROBE("p13-pingpong", probe);

@@ -52,7 +52,8 @@ int probe(const std::vector<std::string>& args) {
   for (;;) {
     const double ns = v.run(n);
     if (ns > sample_ms * 1e6 * 0.5 || n > (1ull << 34)) {
-      n = static_cast<std::uint64_t>(static_cast<double>(n) * sample_ms * 1e6 / (ns > 0 ? ns : 1)) + 1;
+      n = static_cast<std::uint64_t>(static_cast<double>(n) * sample_ms * 1e6 / (ns > 0 ? ns : 1)) +
+          1;
       break;
     }
     n *= 4;
@@ -77,20 +78,24 @@ void run(bench::context& ctx) {
     const std::vector<config> cs = {config::plain, config::hook, config::thread};
     std::vector<std::string> names;
     for (config c : cs)
-      names.push_back(std::string("fi_cntr_read, bound (") + prov + ", " + bench::hook::config_name(c) + ")");
-    auto r = bench::hook::collect(ctx, cs, names, "p14-read", {prov, ms, std::to_string(samples)}, rounds, "ns/op");
+      names.push_back(std::string("fi_cntr_read, bound (") + prov + ", " +
+                      bench::hook::config_name(c) + ")");
+    auto r = bench::hook::collect(ctx, cs, names, "p14-read", {prov, ms, std::to_string(samples)},
+                                  rounds, "ns/op");
     // The targets are judged on tcp;ofi_rxm, the provider P1 judges against: its read runs the
     // endpoint's progress (a syscall). shm's read is ~10 ns, a few loads: a 50x speed-up over it
     // is below a load, and 10% of it is one extra call, so its lines are information.
     const bool target = std::string(prov) == "tcp;ofi_rxm";
-    ctx.add(bench::compare("P14", std::string("hook read, caller progress vs libfabric (") + prov + ")", r[1], r[0],
-                           target ? bench::goal::ratio_at_most : bench::goal::info, target ? 1.1 : 0));
-    ctx.add(bench::compare("P14", std::string("hook read, progress thread vs libfabric (") + prov + ")", r[2], r[0],
-                           target ? bench::goal::speedup_at_least : bench::goal::info, target ? 50 : 0));
+    ctx.add(bench::compare(
+        "P14", std::string("hook read, caller progress vs libfabric (") + prov + ")", r[1], r[0],
+        target ? bench::goal::ratio_at_most : bench::goal::info, target ? 1.1 : 0));
+    ctx.add(bench::compare(
+        "P14", std::string("hook read, progress thread vs libfabric (") + prov + ")", r[2], r[0],
+        target ? bench::goal::speedup_at_least : bench::goal::info, target ? 50 : 0));
   }
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P14", "fi_cntr_read of a bound counter through the hook provider", run);
 COMPCNTR_BENCH_PROBE("p14-read", probe);

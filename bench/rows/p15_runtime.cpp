@@ -39,7 +39,7 @@ using bench::result;
 struct mpi_run {
   std::map<std::string, std::vector<double>> samples;
   std::map<std::string, std::string> info;
-  std::string why;  ///< non-empty: the run failed, and how
+  std::string why; ///< non-empty: the run failed, and how
 };
 
 std::string quote(const std::string& s) {
@@ -98,12 +98,13 @@ mpi_run run_mpi(const std::vector<std::string>& mpi_args, const std::vector<std:
 }
 #endif
 
-result make(const mpi_run& r, const std::string& key, const std::string& name, const std::string& unit,
-            std::uint64_t n, const std::string& clock, std::size_t reps) {
+result make(const mpi_run& r, const std::string& key, const std::string& name,
+            const std::string& unit, std::uint64_t n, const std::string& clock, std::size_t reps) {
   if (!r.why.empty()) return result::unavailable(name, r.why, unit);
   auto it = r.samples.find(key);
   if (it == r.samples.end() || it->second.size() != reps)
-    return result::unavailable(name, "the MPI program printed no (or too few) '" + key + "' samples", unit);
+    return result::unavailable(
+        name, "the MPI program printed no (or too few) '" + key + "' samples", unit);
   result x;
   x.name = name;
   x.unit = unit;
@@ -123,14 +124,18 @@ void run(bench::context& ctx) {
   const std::string wall = "wall time of the slowest rank per message it sent";
   mpi_run tcp, sm;
 #if !defined(COMPCNTR_BENCH_RUNTIME_PROG)
-  tcp.why = sm.why = "built without Open MPI or libfabric (not found when meson configured the build)";
+  tcp.why = sm.why =
+      "built without Open MPI or libfabric (not found when meson configured the build)";
 #elif defined(COMPCNTR_BENCH_SANITIZED)
   tcp.why = sm.why = std::string("sanitizer build (") + COMPCNTR_BENCH_SANITIZED +
                      "): Open MPI and libfabric are not instrumented; measured by ./dev bench";
 #else
-  const std::vector<std::string> args = {"--reps", std::to_string(reps), "--msgs", std::to_string(msgs),
-                                         "--writes", std::to_string(writes), "--window", "1024",
-                                         "--batch", "128", "--addr", "127.0.0.1"};
+  const std::vector<std::string> args = {"--reps",   std::to_string(reps),
+                                         "--msgs",   std::to_string(msgs),
+                                         "--writes", std::to_string(writes),
+                                         "--window", "1024",
+                                         "--batch",  "128",
+                                         "--addr",   "127.0.0.1"};
   std::vector<std::string> tcp_args = args;
   tcp_args.insert(tcp_args.end(), {"--small-window", "64"});
   tcp = run_mpi({"--mca", "pml", "ob1", "--mca", "btl", "tcp,self"}, tcp_args);
@@ -139,26 +144,35 @@ void run(bench::context& ctx) {
   sm = run_mpi({}, sm_args);
 #endif
   const std::string prov = tcp.info.count("provider") ? tcp.info.at("provider") : "tcp;ofi_rxm";
-  const result credits = make(tcp, "credits", "credits (compcntr flow control)", "ns/msg", msgs, cpu, reps);
-  const result noflow = make(tcp, "noflow", "same traffic, no flow control", "ns/msg", msgs, cpu, reps);
-  ctx.add(bench::compare("P15", "message rate: credit flow control vs none (" + prov + ", 2 ranks, CPU)",
+  const result credits =
+      make(tcp, "credits", "credits (compcntr flow control)", "ns/msg", msgs, cpu, reps);
+  const result noflow =
+      make(tcp, "noflow", "same traffic, no flow control", "ns/msg", msgs, cpu, reps);
+  ctx.add(bench::compare("P15",
+                         "message rate: credit flow control vs none (" + prov + ", 2 ranks, CPU)",
                          credits, noflow, goal::speedup_at_least, 0.9,
                          "ratio = rate with compcntr credits / rate without flow control"));
-  ctx.add(bench::compare("P15", "the same, delivered rate (wall time of the slowest rank)",
-                         make(tcp, "credits_wall", "credits (wall)", "ns/msg", msgs, wall, reps),
-                         make(tcp, "noflow_wall", "no flow control (wall)", "ns/msg", msgs, wall, reps)));
-  ctx.add(bench::compare("P15", "window 64 instead of 1024 vs no flow control (CPU)",
-                         make(tcp, "credits_small", "credits, window 64", "ns/msg", msgs, cpu, reps), noflow));
-  ctx.add(bench::compare("P15", "window 64: delivered rate (wall time of the slowest rank)",
-                         make(tcp, "credits_small_wall", "credits, window 64 (wall)", "ns/msg", msgs, wall, reps),
-                         make(tcp, "noflow_wall", "no flow control (wall)", "ns/msg", msgs, wall, reps)));
-  ctx.add(bench::compare("P15", "credits vs MPI_Isend/Irecv windows, Open MPI btl tcp,self (CPU)", credits,
+  ctx.add(bench::compare(
+      "P15", "the same, delivered rate (wall time of the slowest rank)",
+      make(tcp, "credits_wall", "credits (wall)", "ns/msg", msgs, wall, reps),
+      make(tcp, "noflow_wall", "no flow control (wall)", "ns/msg", msgs, wall, reps)));
+  ctx.add(bench::compare(
+      "P15", "window 64 instead of 1024 vs no flow control (CPU)",
+      make(tcp, "credits_small", "credits, window 64", "ns/msg", msgs, cpu, reps), noflow));
+  ctx.add(bench::compare(
+      "P15", "window 64: delivered rate (wall time of the slowest rank)",
+      make(tcp, "credits_small_wall", "credits, window 64 (wall)", "ns/msg", msgs, wall, reps),
+      make(tcp, "noflow_wall", "no flow control (wall)", "ns/msg", msgs, wall, reps)));
+  ctx.add(bench::compare("P15", "credits vs MPI_Isend/Irecv windows, Open MPI btl tcp,self (CPU)",
+                         credits,
                          make(tcp, "mpi", "MPI windows, btl tcp,self", "ns/msg", msgs, cpu, reps)));
-  ctx.add(bench::compare("P15", "credits vs MPI_Isend/Irecv windows, Open MPI default (shared memory)", credits,
-                         make(sm, "mpi", "MPI windows, default transport", "ns/msg", msgs, cpu, reps)));
-  ctx.add(bench::compare("P15", "quiet() after one RMA write vs fi_cntr_wait on the provider's counter",
-                         make(tcp, "quiet", "compcntr_tracker_quiet", "ns/write", static_cast<std::uint64_t>(writes),
-                              "wall time per write", reps),
+  ctx.add(bench::compare(
+      "P15", "credits vs MPI_Isend/Irecv windows, Open MPI default (shared memory)", credits,
+      make(sm, "mpi", "MPI windows, default transport", "ns/msg", msgs, cpu, reps)));
+  ctx.add(bench::compare("P15",
+                         "quiet() after one RMA write vs fi_cntr_wait on the provider's counter",
+                         make(tcp, "quiet", "compcntr_tracker_quiet", "ns/write",
+                              static_cast<std::uint64_t>(writes), "wall time per write", reps),
                          make(tcp, "cntrwait", "fi_cntr_wait (provider write counter)", "ns/write",
                               static_cast<std::uint64_t>(writes), "wall time per write", reps),
                          goal::ratio_at_most, 1.0));
@@ -176,10 +190,12 @@ void run(bench::context& ctx) {
     faults.n = msgs;
     faults.st = bench::summarize(std::vector<double>(reps, v));
   }
-  ctx.add(bench::absolute("P15", "credits: never above the window, exact delivery and counts", faults,
-                          goal::value_at_most, 0));
+  ctx.add(bench::absolute("P15", "credits: never above the window, exact delivery and counts",
+                          faults, goal::value_at_most, 0));
 }
 
-}  // namespace
+} // namespace
 
-COMPCNTR_BENCH_ROW("P15", "credit-controlled messaging and quiet() between MPI ranks over libfabric tcp", run);
+COMPCNTR_BENCH_ROW("P15",
+                   "credit-controlled messaging and quiet() between MPI ranks over libfabric tcp",
+                   run);

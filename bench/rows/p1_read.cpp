@@ -40,9 +40,10 @@ void run(bench::context& ctx) {
   compcntr::counter c;
   if (!ec) c = dev.create_counter(compcntr::counter_type::wrs, ec);
   const std::string cc_name = "compcntr::counter::value()";
-  bench::variant cc = ec ? bench::unavailable_variant(cc_name, "soft device/counter: " +
-                                                                   std::string(compcntr::last_error_message()))
-                         : bench::timed(cc_name, [&c](std::uint64_t n) { read_loop(c, n); });
+  bench::variant cc =
+      ec ? bench::unavailable_variant(
+               cc_name, "soft device/counter: " + std::string(compcntr::last_error_message()))
+         : bench::timed(cc_name, [&c](std::uint64_t n) { read_loop(c, n); });
   if (c) c.add(42);
   auto raw = std::make_unique<padded_atomic>();
   raw->v.store(42);
@@ -53,15 +54,18 @@ void run(bench::context& ctx) {
       cc,
       bench::timed("std::atomic<uint64_t>::load(acquire)",
                    [a = &raw->v](std::uint64_t n) { load_loop(*a, n); }),
-      bench::fabric::read_variant("fi_cntr_read, tcp;ofi_rxm, endpoint bound", "tcp;ofi_rxm", which::bound),
-      bench::fabric::read_variant("fi_cntr_read, tcp;ofi_rxm, no endpoint bound", "tcp;ofi_rxm", which::unbound),
-      bench::fabric::read_variant("fi_cntr_read, udp;ofi_rxd, endpoint bound", "udp;ofi_rxd", which::bound),
+      bench::fabric::read_variant("fi_cntr_read, tcp;ofi_rxm, endpoint bound", "tcp;ofi_rxm",
+                                  which::bound),
+      bench::fabric::read_variant("fi_cntr_read, tcp;ofi_rxm, no endpoint bound", "tcp;ofi_rxm",
+                                  which::unbound),
+      bench::fabric::read_variant("fi_cntr_read, udp;ofi_rxd, endpoint bound", "udp;ofi_rxd",
+                                  which::bound),
       bench::fabric::read_variant("fi_cntr_read, shm, endpoint bound", "shm", which::bound),
   });
-  ctx.add(bench::compare("P1", "read: value() vs atomic load(acquire)",
-                         r[0], r[1], bench::goal::ratio_at_most, 1.5));
-  ctx.add(bench::compare("P1", "read: value() vs fi_cntr_read tcp;ofi_rxm bound",
-                         r[0], r[2], bench::goal::speedup_at_least, 50));
+  ctx.add(bench::compare("P1", "read: value() vs atomic load(acquire)", r[0], r[1],
+                         bench::goal::ratio_at_most, 1.5));
+  ctx.add(bench::compare("P1", "read: value() vs fi_cntr_read tcp;ofi_rxm bound", r[0], r[2],
+                         bench::goal::speedup_at_least, 50));
   ctx.add(bench::compare("P1", "read: value() vs fi_cntr_read no ep bound", r[0], r[3]));
   ctx.add(bench::compare("P1", "read: value() vs fi_cntr_read udp;ofi_rxd bound", r[0], r[4]));
   ctx.add(bench::compare("P1", "read: value() vs fi_cntr_read shm bound", r[0], r[5]));

@@ -30,9 +30,10 @@ void run(bench::context& ctx) {
   compcntr::counter c;
   if (!ec) c = dev.create_counter(compcntr::counter_type::wrs, ec);
   const std::string cc_name = "compcntr::counter::add(1)";
-  bench::variant cc = ec ? bench::unavailable_variant(cc_name, "soft device/counter: " +
-                                                                   std::string(compcntr::last_error_message()))
-                         : bench::timed(cc_name, [&c](std::uint64_t n) { add_loop(c, n); });
+  bench::variant cc =
+      ec ? bench::unavailable_variant(
+               cc_name, "soft device/counter: " + std::string(compcntr::last_error_message()))
+         : bench::timed(cc_name, [&c](std::uint64_t n) { add_loop(c, n); });
   auto raw = std::make_unique<padded_atomic>();
   bench::escape(raw.get());
 
@@ -41,16 +42,18 @@ void run(bench::context& ctx) {
       cc,
       bench::timed("std::atomic<uint64_t>::fetch_add(1)",
                    [a = &raw->v](std::uint64_t n) { fetch_add_loop(*a, n); }),
-      bench::fabric::add_variant("fi_cntr_add, tcp;ofi_rxm, endpoint bound", "tcp;ofi_rxm", which::bound),
-      bench::fabric::add_variant("fi_cntr_add, udp;ofi_rxd, endpoint bound", "udp;ofi_rxd", which::bound),
+      bench::fabric::add_variant("fi_cntr_add, tcp;ofi_rxm, endpoint bound", "tcp;ofi_rxm",
+                                 which::bound),
+      bench::fabric::add_variant("fi_cntr_add, udp;ofi_rxd, endpoint bound", "udp;ofi_rxd",
+                                 which::bound),
       bench::fabric::add_variant("fi_cntr_add, shm, endpoint bound", "shm", which::bound),
   });
   bench::keep(raw->v.load());
   if (c) bench::keep(c.value());
-  ctx.add(bench::compare("P2", "increment: add(1) vs atomic fetch_add",
-                         r[0], r[1], bench::goal::ratio_at_most, 1.15));
-  ctx.add(bench::compare("P2", "increment: add(1) vs fi_cntr_add tcp;ofi_rxm",
-                         r[0], r[2], bench::goal::speedup_above, 1));
+  ctx.add(bench::compare("P2", "increment: add(1) vs atomic fetch_add", r[0], r[1],
+                         bench::goal::ratio_at_most, 1.15));
+  ctx.add(bench::compare("P2", "increment: add(1) vs fi_cntr_add tcp;ofi_rxm", r[0], r[2],
+                         bench::goal::speedup_above, 1));
   ctx.add(bench::compare("P2", "increment: add(1) vs fi_cntr_add udp;ofi_rxd", r[0], r[3]));
   ctx.add(bench::compare("P2", "increment: add(1) vs fi_cntr_add shm", r[0], r[4]));
 }

@@ -54,7 +54,8 @@ struct cc_ops {
   static void update(compcntr::counter& c) noexcept { c.add(1); }
   static std::string wait(compcntr::counter& c, std::uint64_t i) {
     const std::errc e = compcntr::wait(c, i, wait_timeout, spin_opts);
-    if (e == std::errc{}) [[likely]] return {};
+    if (e == std::errc{}) [[likely]]
+      return {};
     return "compcntr::wait: " + std::make_error_code(e).message();
   }
 };
@@ -78,13 +79,16 @@ struct raw_ops {
 /// cost coherence traffic the raw fetch_add does not have.
 struct add_only_ops {
   static void update(compcntr::counter& c) noexcept { c.add(1); }
-  static std::string wait(compcntr::counter& c, std::uint64_t i) { return raw_ops::wait(c.native_slot()->value, i); }
+  static std::string wait(compcntr::counter& c, std::uint64_t i) {
+    return raw_ops::wait(c.native_slot()->value, i);
+  }
 };
 struct fi_ops {
   static void update(fid_cntr& c) noexcept { bench::fabric::cntr_add(&c, 1); }
   static std::string wait(fid_cntr& c, std::uint64_t i) {
     const int ret = bench::fabric::cntr_wait(&c, i, static_cast<int>(wait_timeout.count()));
-    if (ret == 0) [[likely]] return {};
+    if (ret == 0) [[likely]]
+      return {};
     return bench::fabric::error_text("fi_cntr_wait", ret);
   }
 };
@@ -93,7 +97,8 @@ constexpr std::uint64_t unstick_amount = std::uint64_t{1} << 40;
 
 /// The fi_cntr_wait ping-pong of `provider` (two endpoints, a bound counter each).
 bench::variant fabric_pingpong(const bench::context& ctx, const std::string& label,
-                               const std::string& provider, std::shared_ptr<bench::pingpong::tally> t) {
+                               const std::string& provider,
+                               std::shared_ptr<bench::pingpong::tally> t) {
   std::string why;
   const auto* p = bench::fabric::get_wait_pair(provider, why);
   if (!p) return bench::unavailable_variant(label, why);
@@ -119,12 +124,14 @@ bench::variant fabric_pingpong(const bench::context& ctx, const std::string& lab
   return v;
 }
 
-std::string diagnosis_note(const bench::result& cc, const bench::result& raw, const bench::result& add_only) {
+std::string diagnosis_note(const bench::result& cc, const bench::result& raw,
+                           const bench::result& add_only) {
   if (!cc.available || !raw.available || !add_only.available || raw.st.median <= 0 ||
       add_only.st.median <= 0)
     return "";
   char buf[360];
-  std::snprintf(buf, sizeof buf, "same two slots: add() + raw pause loop = %.2fx raw (the update "
+  std::snprintf(buf, sizeof buf,
+                "same two slots: add() + raw pause loop = %.2fx raw (the update "
                 "path: slot::add's loads of slot::hw before and slot::watch after its RMW); "
                 "compcntr::wait on top = %.2fx that",
                 add_only.st.median / raw.st.median, cc.st.median / add_only.st.median);
@@ -190,9 +197,10 @@ void run(bench::context& ctx) {
     tally();
   }
   vs.push_back(same("raw spin on the same two slots' value atomics", raw_ops::update, raw_ops::wait,
-                    ec ? nullptr : &ping.native_slot()->value, ec ? nullptr : &pong.native_slot()->value));
-  vs.push_back(same("add() + raw pause loop, same two slots", add_only_ops::update, add_only_ops::wait,
-                    &ping, &pong));
+                    ec ? nullptr : &ping.native_slot()->value,
+                    ec ? nullptr : &pong.native_slot()->value));
+  vs.push_back(same("add() + raw pause loop, same two slots", add_only_ops::update,
+                    add_only_ops::wait, &ping, &pong));
   auto raw = std::make_unique<padded_atomic[]>(2);  // [0] ping, [1] pong: exactly 128 B apart
   {
     pp::spec s;
@@ -220,9 +228,9 @@ void run(bench::context& ctx) {
   auto note = [&](std::size_t i, const char* who) {
     return r[i].available ? pp::describe(who, *tallies[i]) : std::string();
   };
-  ctx.add(bench::compare("P4", "spin wait ping-pong vs raw spin, same slots", r[0], r[1],
-                         bench::goal::ratio_at_most, 1.15,
-                         note(0, "compcntr") + (r[1].available ? " | " + note(1, "raw spin") : "")));
+  ctx.add(bench::compare(
+      "P4", "spin wait ping-pong vs raw spin, same slots", r[0], r[1], bench::goal::ratio_at_most,
+      1.15, note(0, "compcntr") + (r[1].available ? " | " + note(1, "raw spin") : "")));
   ctx.add(bench::compare("P4", "spin wait ping-pong vs add() + raw loop", r[0], r[2],
                          bench::goal::info, 0, diagnosis_note(r[0], r[1], r[2])));
   ctx.add(bench::compare("P4", "spin wait ping-pong vs raw spin, heap atomics", r[0], r[3]));

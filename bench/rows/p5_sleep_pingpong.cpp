@@ -67,7 +67,8 @@ struct cc_ops {
   static void update(compcntr::counter& c) noexcept { c.add(1); }
   static std::string wait(compcntr::counter& c, std::uint64_t i) {
     const std::errc e = compcntr::wait(c, i, wait_timeout, sleep_opts);
-    if (e == std::errc{}) [[likely]] return {};
+    if (e == std::errc{}) [[likely]]
+      return {};
     return "compcntr::wait: " + std::make_error_code(e).message();
   }
 };
@@ -77,7 +78,8 @@ struct std_ops {
     a.notify_one();
   }
   static std::string wait(const std::atomic<std::uint64_t>& a, std::uint64_t i) {
-    for (std::uint64_t v; (v = a.load(std::memory_order_acquire)) < i;) a.wait(v, std::memory_order_acquire);
+    for (std::uint64_t v; (v = a.load(std::memory_order_acquire)) < i;)
+      a.wait(v, std::memory_order_acquire);
     return {};
   }
 };
@@ -96,7 +98,8 @@ struct futex_ops {
     const timespec two_s{2, 0};  // a failure guard, as compcntr's 2 s timeout
     for (std::uint64_t v; (v = a.load(std::memory_order_acquire)) < i;) {
       if (::syscall(SYS_futex, low(a), FUTEX_WAIT_PRIVATE, static_cast<std::uint32_t>(v), &two_s,
-                    nullptr, 0) != 0 && errno == ETIMEDOUT)
+                    nullptr, 0) != 0 &&
+          errno == ETIMEDOUT)
         return "FUTEX_WAIT: timed out";
     }
     return {};
@@ -121,7 +124,8 @@ void run(bench::context& ctx) {
   compcntr::counter ping, pong;
   if (!ec) ping = dev.create_counter(compcntr::counter_type::wrs, ec);
   if (!ec) pong = dev.create_counter(compcntr::counter_type::wrs, ec);
-  const std::string why = ec ? "soft device/counter: " + std::string(compcntr::last_error_message()) : "";
+  const std::string why =
+      ec ? "soft device/counter: " + std::string(compcntr::last_error_message()) : "";
   auto pair = std::make_unique<std_pair>();
 
   std::vector<std::shared_ptr<pp::tally>> tallies;
@@ -150,7 +154,8 @@ void run(bench::context& ctx) {
       s.max_retries = 8;
       s.budget_factor = 3;
       s.smoke_rounds = 16;
-      vs.push_back(pp::make(ctx, std::move(s), tallies.emplace_back(std::make_shared<pp::tally>())));
+      vs.push_back(
+          pp::make(ctx, std::move(s), tallies.emplace_back(std::make_shared<pp::tally>())));
       vs.back().notes["wait"] = "wait_options{.spin = 0ns}, timeout 2 s";
     }
     // The limit: raw futex calls on the same two slots' value words.
@@ -179,7 +184,8 @@ void run(bench::context& ctx) {
       s.max_retries = 8;
       s.budget_factor = 3;
       s.smoke_rounds = 16;
-      vs.push_back(pp::make(ctx, std::move(s), tallies.emplace_back(std::make_shared<pp::tally>())));
+      vs.push_back(
+          pp::make(ctx, std::move(s), tallies.emplace_back(std::make_shared<pp::tally>())));
       vs.back().notes["wait"] = "FUTEX_WAIT_PRIVATE on the value word's low half, timeout 2 s";
     }
     pp::spec s;
@@ -225,4 +231,5 @@ void run(bench::context& ctx) {
 
 }  // namespace
 
-COMPCNTR_BENCH_ROW("P5", "blocking (forced-sleep) wait ping-pong vs raw futex and C++20 atomic wait/notify", run);
+COMPCNTR_BENCH_ROW(
+    "P5", "blocking (forced-sleep) wait ping-pong vs raw futex and C++20 atomic wait/notify", run);

@@ -40,8 +40,8 @@ struct idle_tally {
 /// One sample: `wait_fn` on a pinned waiter thread, `complete` from this thread `delay` after
 /// the waiter is about to wait. Returns the waiter's CPU time / wall time in %.
 double idle_sample(const bench::context& ctx, std::chrono::microseconds delay,
-                   const std::function<std::string()>& wait_fn, const std::function<void()>& complete,
-                   idle_tally& t) {
+                   const std::function<std::string()>& wait_fn,
+                   const std::function<void()>& complete, idle_tally& t) {
   if (!t.failure.empty()) return 0;
   std::atomic<bool> about_to_wait{false};
   double cpu = 0, wall = 0;
@@ -76,13 +76,14 @@ bench::variant idle_variant(const bench::context& ctx, std::string name,
   v.unit = "% of a core";
   v.fixed_n = 1;  // one wait per sample; run() returns the percentage itself
   v.notes["clock"] = "waiter's thread CPU time / its wall time";
-  v.run = [&ctx, delay, wait_fn = std::move(wait_fn), complete = std::move(complete), t](std::uint64_t) {
-    return idle_sample(ctx, delay, wait_fn, complete, *t);
-  };
+  v.run = [&ctx, delay, wait_fn = std::move(wait_fn), complete = std::move(complete),
+           t](std::uint64_t) { return idle_sample(ctx, delay, wait_fn, complete, *t); };
   return v;
 }
 
-double median(std::vector<double> v) { return v.empty() ? 0 : bench::summarize(std::move(v)).median; }
+double median(std::vector<double> v) {
+  return v.empty() ? 0 : bench::summarize(std::move(v)).median;
+}
 
 void finish(bench::result& r, const idle_tally& t) {
   if (!t.failure.empty()) {
@@ -121,7 +122,8 @@ bench::variant fabric_idle(const bench::context& ctx, const std::string& label,
 }
 
 void run(bench::context& ctx) {
-  const auto delay = ctx.opt.smoke ? std::chrono::microseconds(2000) : std::chrono::microseconds(50000);
+  const auto delay =
+      ctx.opt.smoke ? std::chrono::microseconds(2000) : std::chrono::microseconds(50000);
   const std::string ms = ctx.opt.smoke ? "2 ms" : "50 ms";
   std::error_code ec;
   auto dev = compcntr::device::open("soft", ec);
@@ -146,7 +148,8 @@ void run(bench::context& ctx) {
         },
         [&c] { c.add(1); }, t_cc));
   }
-  vs.push_back(fabric_idle(ctx, "fi_cntr_wait, tcp;ofi_rxm bound, idle " + ms, "tcp;ofi_rxm", delay, t_tcp));
+  vs.push_back(
+      fabric_idle(ctx, "fi_cntr_wait, tcp;ofi_rxm bound, idle " + ms, "tcp;ofi_rxm", delay, t_tcp));
   vs.push_back(fabric_idle(ctx, "fi_cntr_wait, shm bound, idle " + ms, "shm", delay, t_shm));
   auto r = ctx.measure(std::move(vs));
   finish(r[0], *t_cc);
@@ -154,8 +157,8 @@ void run(bench::context& ctx) {
   finish(r[2], *t_shm);
   ctx.add(bench::absolute("P6", "idle waiter CPU, completes after " + ms, r[0],
                           bench::goal::value_at_most, 5, describe("compcntr", r[0])));
-  ctx.add(bench::compare("P6", "idle waiter vs fi_cntr_wait tcp;ofi_rxm", r[0], r[1], bench::goal::info,
-                         0, describe("fi_cntr_wait tcp;ofi_rxm", r[1])));
+  ctx.add(bench::compare("P6", "idle waiter vs fi_cntr_wait tcp;ofi_rxm", r[0], r[1],
+                         bench::goal::info, 0, describe("fi_cntr_wait tcp;ofi_rxm", r[1])));
   ctx.add(bench::compare("P6", "idle waiter vs fi_cntr_wait shm", r[0], r[2], bench::goal::info, 0,
                          describe("fi_cntr_wait shm", r[2])));
 }

@@ -72,7 +72,8 @@ using bench::rows::free_list;
 
 /// The free list's 1M-live pattern: pop n blocks (kept, as the counters are), push them back in
 /// the same order.
-__attribute__((noinline)) void free_list_all(free_list& fl, std::vector<block128*>& held, std::uint64_t n) {
+__attribute__((noinline)) void free_list_all(free_list& fl, std::vector<block128*>& held,
+                                             std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) held[i] = fl.pop();
   for (std::uint64_t i = 0; i < n; ++i) fl.push(*held[i]);
 }
@@ -125,13 +126,14 @@ void run(bench::context& ctx) {
       dev.close(e);
       return t;
     };
-    single = bench::timed("create+destroy one at a time (free-list hot path)", [&](std::uint64_t n) {
-      std::error_code e;
-      for (std::uint64_t i = 0; i < n; ++i) {
-        auto c = warm_dev.create_counter(compcntr::counter_type::wrs, e);
-        bench::escape(&c);
-      }
-    });
+    single =
+        bench::timed("create+destroy one at a time (free-list hot path)", [&](std::uint64_t n) {
+          std::error_code e;
+          for (std::uint64_t i = 0; i < n; ++i) {
+            auto c = warm_dev.create_counter(compcntr::counter_type::wrs, e);
+            bench::escape(&c);
+          }
+        });
     fresh.notes["clock"] = "thread CPU time";
     warm.fixed_n = fresh.fixed_n = count;
   }
@@ -143,10 +145,12 @@ void run(bench::context& ctx) {
   if (warm_mem) fl = std::make_unique<free_list>(warm_mem, static_cast<std::uint32_t>(count));
   std::vector<block128*> held(count);
   std::vector<void*> mheld(count);
-  const std::string no_map = "mmap of " + std::to_string(count * sizeof(block128)) + " bytes failed";
-  bench::variant fl_all = fl ? bench::timed("free list: pop " + std::to_string(count) + " then push all",
-                                            [&](std::uint64_t n) { free_list_all(*fl, held, n); })
-                             : bench::unavailable_variant("free list, 1M live", no_map);
+  const std::string no_map =
+      "mmap of " + std::to_string(count * sizeof(block128)) + " bytes failed";
+  bench::variant fl_all =
+      fl ? bench::timed("free list: pop " + std::to_string(count) + " then push all",
+                        [&](std::uint64_t n) { free_list_all(*fl, held, n); })
+         : bench::unavailable_variant("free list, 1M live", no_map);
   bench::variant fl_one = fl ? bench::timed("free list: pop + push one at a time",
                                             [&](std::uint64_t n) { free_list_one(*fl, n); })
                              : bench::unavailable_variant("free list, one at a time", no_map);
@@ -171,15 +175,16 @@ void run(bench::context& ctx) {
   fl_fresh.notes["clock"] = "thread CPU time";
   bench::variant m_all = bench::timed("malloc(128) " + std::to_string(count) + " then free all",
                                       [&](std::uint64_t n) { malloc_all(mheld, n); });
-  bench::variant m_one = bench::timed("malloc(128) + free one at a time",
-                                      [&](std::uint64_t n) { malloc_one(n); });
+  bench::variant m_one =
+      bench::timed("malloc(128) + free one at a time", [&](std::uint64_t n) { malloc_one(n); });
   fl_all.fixed_n = fl_fresh.fixed_n = m_all.fixed_n = count;
 
   std::vector<bench::variant> vs{warm, fresh, single, fl_all, fl_one, fl_fresh, m_all, m_one};
   for (auto& v : vs) v.unit = "ns/pair";
   auto r = ctx.measure(std::move(vs));
   if (!fail.empty())
-    for (std::size_t i : {0u, 1u, 5u}) r[i] = bench::result::unavailable(r[i].name, fail, "ns/pair");
+    for (std::size_t i : {0u, 1u, 5u})
+      r[i] = bench::result::unavailable(r[i].name, fail, "ns/pair");
   bench::rows::unmap_blocks(warm_mem, count);
 
   // Memory, in fresh processes: C++ counters, then C API counters.
@@ -203,27 +208,30 @@ void run(bench::context& ctx) {
     if (mem.available) mem.st = bench::summarize(per);
     return mem;
   };
-  const bench::result mem = memory("p7-memory", "VmRSS growth per live C++ counter, " + std::to_string(count) + " live");
-  const bench::result mem_c = memory("p7-memory-c", "VmRSS growth per live C counter, " + std::to_string(count) + " live");
+  const bench::result mem =
+      memory("p7-memory", "VmRSS growth per live C++ counter, " + std::to_string(count) + " live");
+  const bench::result mem_c =
+      memory("p7-memory-c", "VmRSS growth per live C counter, " + std::to_string(count) + " live");
 
   const std::string m = count == full_count ? "1M" : std::to_string(count);
-  ctx.add(bench::absolute("P7", "pool: create+destroy " + m + " live, warm pool",
-                         r[0], bench::goal::value_at_most, 60));
+  ctx.add(bench::absolute("P7", "pool: create+destroy " + m + " live, warm pool", r[0],
+                          bench::goal::value_at_most, 60));
   ctx.add(bench::compare("P7", "pool: " + m + " live vs free list " + m + " live", r[0], r[3],
                          bench::goal::ratio_at_most, 2));
   ctx.add(bench::absolute("P7", "pool: create+destroy one at a time", r[2],
-                         bench::goal::value_at_most, 40));
+                          bench::goal::value_at_most, 40));
   ctx.add(bench::compare("P7", "pool: one at a time vs free list pop+push", r[2], r[4],
                          bench::goal::ratio_at_most, 2));
   ctx.add(bench::compare("P7", "pool: fresh device vs free list on fresh memory", r[1], r[5],
                          bench::goal::ratio_at_most, 2,
                          "fresh device: both sides pay the first touch of 128 MB of new pages"));
-  ctx.add(bench::compare("P7", "pool: " + m + " live vs malloc(128)/free " + m + " live", r[0], r[6]));
+  ctx.add(
+      bench::compare("P7", "pool: " + m + " live vs malloc(128)/free " + m + " live", r[0], r[6]));
   ctx.add(bench::compare("P7", "pool: one at a time vs malloc(128)+free", r[2], r[7]));
-  ctx.add(bench::absolute("P7", "pool: memory per live C++ counter (VmRSS, " + m + ")",
-                         mem, bench::goal::value_at_most, 128));
-  ctx.add(bench::absolute("P7", "pool: memory per live C counter (VmRSS, " + m + ")",
-                         mem_c, bench::goal::value_at_most, 128));
+  ctx.add(bench::absolute("P7", "pool: memory per live C++ counter (VmRSS, " + m + ")", mem,
+                          bench::goal::value_at_most, 128));
+  ctx.add(bench::absolute("P7", "pool: memory per live C counter (VmRSS, " + m + ")", mem_c,
+                          bench::goal::value_at_most, 128));
 }
 
 /// argv: count. Prints rss_before, rss_after, bytes_per_counter, count.
@@ -235,7 +243,7 @@ int probe_memory(const std::vector<std::string>& args) {
     std::printf("error=%s\n", why_failed("open soft device").c_str());
     return 1;
   }
-  std::vector<compcntr::counter> v(count);  // value-initialised: the handles' pages are resident
+  std::vector<compcntr::counter> v(count); // value-initialised: the handles' pages are resident
   const std::uint64_t before = bench::rss_bytes();
   for (std::uint64_t i = 0; i < count; ++i) {
     v[i] = dev.create_counter(compcntr::counter_type::wrs, ec);
@@ -246,10 +254,11 @@ int probe_memory(const std::vector<std::string>& args) {
     }
   }
   const std::uint64_t after = bench::rss_bytes();
-  std::printf("count=%llu\nrss_before=%llu\nrss_after=%llu\nbytes_per_counter=%.3f\n",
-              static_cast<unsigned long long>(count), static_cast<unsigned long long>(before),
-              static_cast<unsigned long long>(after),
-              (static_cast<double>(after) - static_cast<double>(before)) / static_cast<double>(count));
+  std::printf(
+      "count=%llu\nrss_before=%llu\nrss_after=%llu\nbytes_per_counter=%.3f\n",
+      static_cast<unsigned long long>(count), static_cast<unsigned long long>(before),
+      static_cast<unsigned long long>(after),
+      (static_cast<double>(after) - static_cast<double>(before)) / static_cast<double>(count));
   return 0;
 }
 
@@ -262,28 +271,30 @@ int probe_memory_c(const std::vector<std::string>& args) {
     std::printf("error=%s\n", why_failed("compcntr_open_device(soft)").c_str());
     return 1;
   }
-  std::vector<compcntr_comp_cntr*> v(count, nullptr);  // resident before the first sample
+  std::vector<compcntr_comp_cntr*> v(count, nullptr); // resident before the first sample
   compcntr_comp_cntr_init_attr attr{};
   const std::uint64_t before = bench::rss_bytes();
   for (std::uint64_t i = 0; i < count; ++i) {
     v[i] = compcntr_create_comp_cntr(dev, &attr);
     if (!v[i]) {
-      std::printf("error=%s (after %llu counters)\n", why_failed("compcntr_create_comp_cntr").c_str(),
+      std::printf("error=%s (after %llu counters)\n",
+                  why_failed("compcntr_create_comp_cntr").c_str(),
                   static_cast<unsigned long long>(i));
       return 1;
     }
   }
   const std::uint64_t after = bench::rss_bytes();
-  std::printf("count=%llu\nrss_before=%llu\nrss_after=%llu\nbytes_per_counter=%.3f\n",
-              static_cast<unsigned long long>(count), static_cast<unsigned long long>(before),
-              static_cast<unsigned long long>(after),
-              (static_cast<double>(after) - static_cast<double>(before)) / static_cast<double>(count));
-  for (compcntr_comp_cntr* cc : v) compcntr_destroy_comp_cntr(cc);  // nothing leaks (ASan builds)
+  std::printf(
+      "count=%llu\nrss_before=%llu\nrss_after=%llu\nbytes_per_counter=%.3f\n",
+      static_cast<unsigned long long>(count), static_cast<unsigned long long>(before),
+      static_cast<unsigned long long>(after),
+      (static_cast<double>(after) - static_cast<double>(before)) / static_cast<double>(count));
+  for (compcntr_comp_cntr* cc : v) compcntr_destroy_comp_cntr(cc); // nothing leaks (ASan builds)
   compcntr_close_device(dev);
   return 0;
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P7", "pool create+destroy of 1M counters, memory per live counter", run);
 COMPCNTR_BENCH_PROBE("p7-memory", probe_memory);

@@ -50,7 +50,9 @@ class watchdog {
     t_.join();
   }
   void busy(bool b) noexcept { busy_.store(b, std::memory_order_relaxed); }
-  void tick() noexcept { ticks_.store(ticks_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
+  void tick() noexcept {
+    ticks_.store(ticks_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
 
  private:
   void loop() {
@@ -63,7 +65,8 @@ class watchdog {
         last = now_ticks;
         since = bench::steady::now();
       } else if (bench::steady::now() - since > limit_) {
-        std::fprintf(stderr, "compcntr_bench: P8: one batch (query + get) did not finish within "
+        std::fprintf(stderr,
+                     "compcntr_bench: P8: one batch (query + get) did not finish within "
                      "%lld s: a response was lost (compcntr bug); giving up\n",
                      static_cast<long long>(limit_.count()));
         std::_Exit(3);
@@ -103,7 +106,8 @@ __attribute__((noinline)) bool issue_collect(compcntr::cmd_completion& cmd, batc
     while (got < issued) {
       const std::size_t k = cmd.get(std::span(b.out.data() + got, issued - got), ec);
       if (ec) {
-        b.failure = "get: " + ec.message() + " (" + std::string(compcntr::last_error_message()) + ")";
+        b.failure =
+            "get: " + ec.message() + " (" + std::string(compcntr::last_error_message()) + ")";
         return false;
       }
       got += k;
@@ -131,7 +135,8 @@ void run(bench::context& ctx) {
   }
   compcntr::cmd_completion cmd;
   if (!ec) cmd = compcntr::cmd_completion::create(dev, ec);
-  const std::string why = ec ? "soft device/counters/cmd_comp: " + std::string(compcntr::last_error_message()) : "";
+  const std::string why =
+      ec ? "soft device/counters/cmd_comp: " + std::string(compcntr::last_error_message()) : "";
   watchdog wd(std::chrono::seconds(10));
 
   const std::size_t batches[] = {256, 1024, 16};
@@ -186,8 +191,10 @@ void run(bench::context& ctx) {
   std::string n0 = rate(0), n1 = rate(1), n2 = rate(2);
   ctx.add(bench::absolute("P8", "cmd_comp issue+collect, batch 256 (>= 1M/s)", r[0],
                           bench::goal::value_at_most, 1000, n0));
-  ctx.add(bench::absolute("P8", "cmd_comp issue+collect, batch 1024", r[1], bench::goal::info, 0, n1));
-  ctx.add(bench::absolute("P8", "cmd_comp issue+collect, batch 16", r[2], bench::goal::info, 0, n2));
+  ctx.add(
+      bench::absolute("P8", "cmd_comp issue+collect, batch 1024", r[1], bench::goal::info, 0, n1));
+  ctx.add(
+      bench::absolute("P8", "cmd_comp issue+collect, batch 16", r[2], bench::goal::info, 0, n2));
 }
 
 }  // namespace

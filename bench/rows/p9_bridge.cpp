@@ -119,13 +119,16 @@ struct pair_env {
       fi_cq_attr cq_attr{};
       cq_attr.format = FI_CQ_FORMAT_MSG;
       cq_attr.size = 1024;
-      if ((ret = fi_cq_open(e->domain, &cq_attr, &e->cq[s], nullptr))) return err("fi_cq_open", ret);
-      if ((ret = fi_endpoint(e->domain, e->info, &e->ep[s], nullptr))) return err("fi_endpoint", ret);
+      if ((ret = fi_cq_open(e->domain, &cq_attr, &e->cq[s], nullptr)))
+        return err("fi_cq_open", ret);
+      if ((ret = fi_endpoint(e->domain, e->info, &e->ep[s], nullptr)))
+        return err("fi_endpoint", ret);
       if ((ret = fi_ep_bind(e->ep[s], &e->av->fid, 0))) return err("fi_ep_bind(av)", ret);
       if ((ret = fi_ep_bind(e->ep[s], &e->cq[s]->fid,
                             FI_TRANSMIT | FI_RECV | (selective ? FI_SELECTIVE_COMPLETION : 0))))
         return err("fi_ep_bind(cq)", ret);
-      if ((ret = fi_ep_bind(e->ep[s], s == 0 ? &e->sendc->fid : &e->recvc->fid, s == 0 ? FI_SEND : FI_RECV)))
+      if ((ret = fi_ep_bind(e->ep[s], s == 0 ? &e->sendc->fid : &e->recvc->fid,
+                            s == 0 ? FI_SEND : FI_RECV)))
         return err("fi_ep_bind(cntr)", ret);
       if ((ret = fi_enable(e->ep[s]))) return err("fi_enable", ret);
     }
@@ -133,7 +136,8 @@ struct pair_env {
       char name[256];
       std::size_t len = sizeof name;
       if ((ret = fi_getname(&e->ep[s]->fid, name, &len))) return err("fi_getname", ret);
-      if (fi_av_insert(e->av, name, 1, &e->addr[s], 0, nullptr) != 1) return why = "fi_av_insert failed", nullptr;
+      if (fi_av_insert(e->av, name, 1, &e->addr[s], 0, nullptr) != 1)
+        return why = "fi_av_insert failed", nullptr;
     }
     if (k != kind::provider_counters) {
       std::error_code ec;
@@ -166,7 +170,8 @@ void run_traffic(pair_env& e, std::uint64_t n, Progress progress) {
   while (sent < n || received < n) {
     while (posted < n && posted - received < window) {
       if (fi_recv(e.ep[1], e.buf[1], msg_len, nullptr, e.addr[0], &ctx[1]) == -FI_EAGAIN) break;
-      while (fi_send(e.ep[0], e.buf[0], msg_len, nullptr, e.addr[1], &ctx[0]) == -FI_EAGAIN) progress(sent, received);
+      while (fi_send(e.ep[0], e.buf[0], msg_len, nullptr, e.addr[1], &ctx[0]) == -FI_EAGAIN)
+        progress(sent, received);
       ++posted;
     }
     progress(sent, received);
@@ -215,15 +220,16 @@ void run(bench::context& ctx) {
   std::vector<bench::variant> vs = {
       cc ? bridge_variant(cc_name, cc.get()) : bench::unavailable_variant(cc_name, why_cc),
       ref ? provider_variant(ref_name, ref.get()) : bench::unavailable_variant(ref_name, why_ref),
-      prefix ? bridge_variant(prefix_name, prefix.get()) : bench::unavailable_variant(prefix_name, why_prefix),
+      prefix ? bridge_variant(prefix_name, prefix.get())
+             : bench::unavailable_variant(prefix_name, why_prefix),
   };
   for (auto& v : vs) {
     v.fixed_n = count;
     v.unit = "ns/msg";
   }
   auto r = ctx.measure(std::move(vs));
-  ctx.add(bench::compare("P9", "bridge: message rate vs provider fi_cntr (" + m + " msgs)", r[0], r[1],
-                         bench::goal::speedup_at_least, 0.95,
+  ctx.add(bench::compare("P9", "bridge: message rate vs provider fi_cntr (" + m + " msgs)", r[0],
+                         r[1], bench::goal::speedup_at_least, 0.95,
                          "ratio = bridge msg rate / provider-counter msg rate"));
   ctx.add(bench::compare("P9", "bridge without CQ format vs provider fi_cntr", r[2], r[1]));
   // Exactness: the largest |bridge count - provider count| (send + receive) after any sample.
@@ -232,8 +238,8 @@ void run(bench::context& ctx) {
   exact.unit = "msgs";
   if (cc && prefix) {
     exact.n = count;
-    exact.st = bench::summarize(std::vector<double>(r[0].st.samples.size(),
-                                                    static_cast<double>(cc->max_diff + prefix->max_diff)));
+    exact.st = bench::summarize(std::vector<double>(
+        r[0].st.samples.size(), static_cast<double>(cc->max_diff + prefix->max_diff)));
   } else {
     exact.available = false;
     exact.why = cc ? why_prefix : why_cc;
@@ -256,4 +262,5 @@ void run(bench::context& ctx) {
 
 }  // namespace
 
-COMPCNTR_BENCH_ROW("P9", "CQ bridge on tcp;ofi_rxm loopback traffic vs the provider's own counters", run);
+COMPCNTR_BENCH_ROW("P9", "CQ bridge on tcp;ofi_rxm loopback traffic vs the provider's own counters",
+                   run);

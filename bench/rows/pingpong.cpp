@@ -51,9 +51,9 @@ struct thread_sample {
 };
 
 struct attempt {
-  double value = 0;       ///< ns for n rounds (wall or summed wake latencies), scaled if cut short
-  double wall = 0;        ///< ns
-  double delay_frac = 0;  ///< larger thread's run-queue delay / wall
+  double value = 0; ///< ns for n rounds (wall or summed wake latencies), scaled if cut short
+  double wall = 0; ///< ns
+  double delay_frac = 0; ///< larger thread's run-queue delay / wall
   long vcsw = 0, ivcsw = 0;
   std::uint64_t rounds = 0;
   bool schedstat = true;
@@ -63,7 +63,7 @@ struct attempt {
 /// One sample: both sides, n rounds (fewer if the budget runs out), watchdog armed.
 attempt run_once(const context& ctx, const spec& s, std::uint64_t n, double budget_ns) {
   if (s.reset) s.reset();
-  auto ctl = std::make_unique<control>();  // 128-byte aligned, own lines
+  auto ctl = std::make_unique<control>(); // 128-byte aligned, own lines
   ctl->limit.store(n);
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
@@ -101,7 +101,8 @@ attempt run_once(const context& ctx, const spec& s, std::uint64_t n, double budg
     } else {
       ctl->initiator_tid = tid;
       while (ready.load(std::memory_order_acquire) == 0) relax();
-      ctl->budget_end = steady::now() + std::chrono::nanoseconds(static_cast<std::int64_t>(budget_ns));
+      ctl->budget_end =
+          steady::now() + std::chrono::nanoseconds(static_cast<std::int64_t>(budget_ns));
       go.store(true, std::memory_order_release);
     }
     ts.start = steady::now();
@@ -109,7 +110,7 @@ attempt run_once(const context& ctx, const spec& s, std::uint64_t n, double budg
     ts.why = f(*ctl);
     ts.cpu = thread_cpu_ns() - c0;
     ts.end = steady::now();
-    if (!ts.why.empty()) {  // free the peer now rather than at its own timeout
+    if (!ts.why.empty()) { // free the peer now rather than at its own timeout
       ctl->abort.store(true);
       if (s.unstick) s.unstick();
     }
@@ -135,19 +136,23 @@ attempt run_once(const context& ctx, const spec& s, std::uint64_t n, double budg
 
   attempt a;
   a.wall = std::chrono::duration<double, std::nano>(std::max(sa.end, sb.end) -
-                                                    std::min(sa.start, sb.start)).count();
+                                                    std::min(sa.start, sb.start))
+               .count();
   a.schedstat = sa.delay >= 0 && sb.delay >= 0;
   a.delay_frac = a.schedstat && a.wall > 0 ? std::max(sa.delay, sb.delay) / a.wall : 0;
   a.vcsw = sa.vcsw + sb.vcsw;
   a.ivcsw = sa.ivcsw + sb.ivcsw;
   // The root cause first: a side that stopped because its peer aborted says only "aborted".
   auto cause = [](const std::string& w) { return !w.empty() && w != "aborted"; };
-  a.why = cause(sa.why)   ? "initiator: " + sa.why
-          : cause(sb.why) ? "responder: " + sb.why
-          : !sa.why.empty() || !sb.why.empty() ? "aborted by the watchdog after " +
-                                                    std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                                                        deadline - start).count()) + " s"
-                                              : "";
+  a.why =
+      cause(sa.why)   ? "initiator: " + sa.why
+      : cause(sb.why) ? "responder: " + sb.why
+      : !sa.why.empty() || !sb.why.empty()
+          ? "aborted by the watchdog after " +
+                std::to_string(
+                    std::chrono::duration_cast<std::chrono::seconds>(deadline - start).count()) +
+                " s"
+          : "";
   // unstick makes waits return and the sides then see abort, so a watchdog abort always shows
   // as a side's failure; never let a sample that was cut short that way count.
   if (a.why.empty() && ctl->abort.load()) a.why = "aborted by the watchdog";
@@ -160,10 +165,11 @@ attempt run_once(const context& ctx, const spec& s, std::uint64_t n, double budg
   return a;
 }
 
-}  // namespace
+} // namespace
 
 std::int64_t now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch())
+      .count();
 }
 
 bool wait_until_asleep(pid_t tid, std::chrono::milliseconds timeout) {
@@ -204,7 +210,7 @@ variant make(const context& ctx, spec s, std::shared_ptr<tally> t) {
                          ? "wall time, first start to last end of the two pinned threads"
                          : "sum of the two update-to-return times per round, each waiter asleep";
   v.run = [&ctx, s = std::move(s), t](std::uint64_t n) -> double {
-    if (!t->failure.empty()) return 1e9;  // failed before: do not wait again
+    if (!t->failure.empty()) return 1e9; // failed before: do not wait again
     ++t->samples;
     const auto t0 = steady::now();
     struct add_time {
@@ -218,8 +224,8 @@ variant make(const context& ctx, spec s, std::shared_ptr<tally> t) {
     const double budget_ns = ctx.opt.smoke ? 2e9 : s.budget_factor * sample_ns;
     attempt best = run_once(ctx, s, n, budget_ns);
     const int retries = ctx.opt.smoke ? 0 : s.max_retries;
-    for (int k = 0; best.why.empty() && best.schedstat && best.delay_frac > s.max_delay && k < retries;
-         ++k) {
+    for (int k = 0;
+         best.why.empty() && best.schedstat && best.delay_frac > s.max_delay && k < retries; ++k) {
       ++t->retries;
       attempt again = run_once(ctx, s, n, budget_ns);
       if (!again.why.empty() || again.delay_frac < best.delay_frac) best = std::move(again);
@@ -256,13 +262,15 @@ void finish(result& r, const tally& t) {
     r.notes[key] = buf;
   };
   put("sleeps_per_wait", sleeps_per_wait(t));
-  put("involuntary_switches_per_round", t.rounds ? static_cast<double>(t.preempted) / static_cast<double>(t.rounds) : 0);
+  put("involuntary_switches_per_round",
+      t.rounds ? static_cast<double>(t.preempted) / static_cast<double>(t.rounds) : 0);
   put("samples", static_cast<double>(t.samples));
   put("reruns", static_cast<double>(t.retries));
   put("kept_over_delay_limit", static_cast<double>(t.delayed));
   put("seconds", t.seconds);
   put("cut_short", static_cast<double>(t.cut_short));
-  put("mean_run_queue_delay_fraction", t.samples ? t.delay_frac_sum / static_cast<double>(t.samples) : 0);
+  put("mean_run_queue_delay_fraction",
+      t.samples ? t.delay_frac_sum / static_cast<double>(t.samples) : 0);
   if (!t.schedstat) r.notes["run_queue_check"] = "off: /proc/thread-self/schedstat unreadable";
 }
 
@@ -270,13 +278,15 @@ std::string describe(const std::string& who, const tally& t) {
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "%s: %.0f%% of waits slept in the kernel (%.2f voluntary switches per round trip); "
-                "%llu samples, %llu re-run (a thread sat in a run queue), %llu kept over the limit, %llu cut short; %.1f s",
+                "%llu samples, %llu re-run (a thread sat in a run queue), %llu kept over the "
+                "limit, %llu cut short; %.1f s",
                 who.c_str(), 100 * sleeps_per_wait(t),
                 t.rounds ? static_cast<double>(t.sleeps) / static_cast<double>(t.rounds) : 0.0,
-                static_cast<unsigned long long>(t.samples), static_cast<unsigned long long>(t.retries),
+                static_cast<unsigned long long>(t.samples),
+                static_cast<unsigned long long>(t.retries),
                 static_cast<unsigned long long>(t.delayed),
                 static_cast<unsigned long long>(t.cut_short), t.seconds);
   return buf;
 }
 
-}  // namespace bench::pingpong
+} // namespace bench::pingpong

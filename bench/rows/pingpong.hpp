@@ -128,7 +128,8 @@ std::string free_initiator(control& ctl, Update&& update, Wait&& wait) {
     // Round i runs only if the initiator decided so before its update of round i: the responder
     // sees the same limit, because it reads it after its wait saw that update.
     if (i > ctl.limit.load(std::memory_order_relaxed)) return ctl.rounds = i - 1, std::string();
-    if (ctl.abort.load(std::memory_order_relaxed)) [[unlikely]] return "aborted";
+    if (ctl.abort.load(std::memory_order_relaxed)) [[unlikely]]
+      return "aborted";
     budget_spent(ctl, i);
     update();
     if (std::string why = wait(i); !why.empty()) [[unlikely]]
@@ -139,7 +140,8 @@ template <class Update, class Wait>
 std::string free_responder(control& ctl, Update&& update, Wait&& wait) {
   for (std::uint64_t i = 1;; ++i) {
     if (i > ctl.limit.load(std::memory_order_relaxed)) return {};
-    if (ctl.abort.load(std::memory_order_relaxed)) [[unlikely]] return "aborted";
+    if (ctl.abort.load(std::memory_order_relaxed)) [[unlikely]]
+      return "aborted";
     if (std::string why = wait(i); !why.empty()) [[unlikely]]
       return why + " in round " + std::to_string(i);
     update();
@@ -151,7 +153,8 @@ template <class Update, class Wait>
 std::string gated_initiator(control& ctl, Update&& update, Wait&& wait) {
   for (std::uint64_t i = 1;; ++i) {
     if (i > ctl.limit.load(std::memory_order_relaxed)) return ctl.rounds = i - 1, std::string();
-    if (ctl.abort.load(std::memory_order_relaxed)) [[unlikely]] return "aborted";
+    if (ctl.abort.load(std::memory_order_relaxed)) [[unlikely]]
+      return "aborted";
     budget_spent(ctl, i);
     if (!wait_until_asleep(ctl.responder_tid, std::chrono::milliseconds(2000))) [[unlikely]]
       return "the responder did not fall asleep within 2 s in round " + std::to_string(i);
@@ -159,17 +162,20 @@ std::string gated_initiator(control& ctl, Update&& update, Wait&& wait) {
     update();
     if (std::string why = wait(i); !why.empty()) [[unlikely]]
       return why + " in round " + std::to_string(i);
-    ctl.latency_ns[0] += static_cast<double>(now_ns() - ctl.sent_at[1].load(std::memory_order_relaxed));
+    ctl.latency_ns[0] +=
+        static_cast<double>(now_ns() - ctl.sent_at[1].load(std::memory_order_relaxed));
   }
 }
 template <class Update, class Wait>
 std::string gated_responder(control& ctl, Update&& update, Wait&& wait) {
   for (std::uint64_t i = 1;; ++i) {
     if (i > ctl.limit.load(std::memory_order_relaxed)) return {};
-    if (ctl.abort.load(std::memory_order_relaxed)) [[unlikely]] return "aborted";
+    if (ctl.abort.load(std::memory_order_relaxed)) [[unlikely]]
+      return "aborted";
     if (std::string why = wait(i); !why.empty()) [[unlikely]]
       return why + " in round " + std::to_string(i);
-    ctl.latency_ns[1] += static_cast<double>(now_ns() - ctl.sent_at[0].load(std::memory_order_relaxed));
+    ctl.latency_ns[1] +=
+        static_cast<double>(now_ns() - ctl.sent_at[0].load(std::memory_order_relaxed));
     if (!wait_until_asleep(ctl.initiator_tid, std::chrono::milliseconds(2000))) [[unlikely]]
       return "the initiator did not fall asleep within 2 s in round " + std::to_string(i);
     ctl.sent_at[1].store(now_ns(), std::memory_order_relaxed);
@@ -183,19 +189,23 @@ template <class Word, class Update, class Wait>
 void set_sides(spec& s, Word* ping, Word* pong, Update update, Wait wait) {
   if (s.how == timing::wall) {
     s.initiator = [=](control& c) {
-      return free_initiator(c, [&] { update(*ping); }, [&](std::uint64_t i) { return wait(*pong, i); });
+      return free_initiator(
+          c, [&] { update(*ping); }, [&](std::uint64_t i) { return wait(*pong, i); });
     };
     s.responder = [=](control& c) {
-      return free_responder(c, [&] { update(*pong); }, [&](std::uint64_t i) { return wait(*ping, i); });
+      return free_responder(
+          c, [&] { update(*pong); }, [&](std::uint64_t i) { return wait(*ping, i); });
     };
   } else {
     s.initiator = [=](control& c) {
-      return gated_initiator(c, [&] { update(*ping); }, [&](std::uint64_t i) { return wait(*pong, i); });
+      return gated_initiator(
+          c, [&] { update(*ping); }, [&](std::uint64_t i) { return wait(*pong, i); });
     };
     s.responder = [=](control& c) {
-      return gated_responder(c, [&] { update(*pong); }, [&](std::uint64_t i) { return wait(*ping, i); });
+      return gated_responder(
+          c, [&] { update(*pong); }, [&](std::uint64_t i) { return wait(*ping, i); });
     };
   }
 }
 
-}  // namespace bench::pingpong
+} // namespace bench::pingpong

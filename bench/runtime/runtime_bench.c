@@ -57,7 +57,7 @@ static double thread_cpu_s(void)
 /* MPI_Isend/MPI_Irecv windows: msgs messages of size bytes to every other rank, at most window
  * outstanding per peer and direction. Returns this rank's wall time; *cpu its thread CPU time. */
 static double mpi_exchange(uint64_t msgs, uint32_t size, uint32_t window, char *sbuf, char *rbuf,
-			   MPI_Request *reqs, double *cpu)
+                           MPI_Request *reqs, double *cpu)
 {
 	int rank, n;
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -70,14 +70,14 @@ static double mpi_exchange(uint64_t msgs, uint32_t size, uint32_t window, char *
 		for (int d = 1; d < n; d++) {
 			const int src = (rank - d + n) % n;
 			for (uint32_t j = 0; j < w; j++)
-				MPI_Irecv(rbuf + ((size_t)src * window + j) * size, (int)size, MPI_BYTE, src, 1,
-					  MPI_COMM_WORLD, &reqs[r++]);
+				MPI_Irecv(rbuf + ((size_t)src * window + j) * size, (int)size,
+				          MPI_BYTE, src, 1, MPI_COMM_WORLD, &reqs[r++]);
 		}
 		for (int d = 1; d < n; d++) {
 			const int dst = (rank + d) % n;
 			for (uint32_t j = 0; j < w; j++)
-				MPI_Isend(sbuf + ((size_t)dst * window + j) * size, (int)size, MPI_BYTE, dst, 1,
-					  MPI_COMM_WORLD, &reqs[r++]);
+				MPI_Isend(sbuf + ((size_t)dst * window + j) * size, (int)size,
+				          MPI_BYTE, dst, 1, MPI_COMM_WORLD, &reqs[r++]);
 		}
 		MPI_Waitall(r, reqs, MPI_STATUSES_IGNORE);
 	}
@@ -88,7 +88,8 @@ static double mpi_exchange(uint64_t msgs, uint32_t size, uint32_t window, char *
 static void print_samples(const char *name, const double *v, int n)
 {
 	printf("sample %s", name);
-	for (int i = 0; i < n; i++) printf(" %.1f", v[i]);
+	for (int i = 0; i < n; i++)
+		printf(" %.1f", v[i]);
 	printf("\n");
 }
 
@@ -106,32 +107,48 @@ int main(int argc, char **argv)
 	o.timeout_ms = 30000;
 	o.quiet_output = 1;
 	int reps = 7, mpi_only = 0, writes_per_sample = 200;
-	uint32_t small_window = 0;  /* > 0: also credits with this window (the latency-bound regime) */
+	uint32_t small_window =
+	        0;  /* > 0: also credits with this window (the latency-bound regime) */
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-		if (!strcmp(a, "--reps")) reps = atoi(v), i++;
-		else if (!strcmp(a, "--msgs")) o.msgs = strtoull(v, NULL, 0), i++;
-		else if (!strcmp(a, "--size")) o.size = (uint32_t)strtoul(v, NULL, 0), i++;
-		else if (!strcmp(a, "--window")) o.window = (uint32_t)strtoul(v, NULL, 0), i++;
-		else if (!strcmp(a, "--writes")) writes_per_sample = atoi(v), i++;
-		else if (!strcmp(a, "--spin-us")) o.spin_us = atoi(v), i++;
-		else if (!strcmp(a, "--batch")) o.batch = (uint32_t)strtoul(v, NULL, 0), i++;
-		else if (!strcmp(a, "--addr")) o.addr = v, i++;
-		else if (!strcmp(a, "--provider")) o.provider = v, i++;
-		else if (!strcmp(a, "--mpi-only")) mpi_only = 1;
-		else if (!strcmp(a, "--small-window")) small_window = (uint32_t)strtoul(v, NULL, 0), i++;
+		if (!strcmp(a, "--reps"))
+			reps = atoi(v), i++;
+		else if (!strcmp(a, "--msgs"))
+			o.msgs = strtoull(v, NULL, 0), i++;
+		else if (!strcmp(a, "--size"))
+			o.size = (uint32_t)strtoul(v, NULL, 0), i++;
+		else if (!strcmp(a, "--window"))
+			o.window = (uint32_t)strtoul(v, NULL, 0), i++;
+		else if (!strcmp(a, "--writes"))
+			writes_per_sample = atoi(v), i++;
+		else if (!strcmp(a, "--spin-us"))
+			o.spin_us = atoi(v), i++;
+		else if (!strcmp(a, "--batch"))
+			o.batch = (uint32_t)strtoul(v, NULL, 0), i++;
+		else if (!strcmp(a, "--addr"))
+			o.addr = v, i++;
+		else if (!strcmp(a, "--provider"))
+			o.provider = v, i++;
+		else if (!strcmp(a, "--mpi-only"))
+			mpi_only = 1;
+		else if (!strcmp(a, "--small-window"))
+			small_window = (uint32_t)strtoul(v, NULL, 0), i++;
 		else {
-			if (rank == 0) fprintf(stderr, "compcntr_runtime_bench: unknown option '%s'\n", a);
+			if (rank == 0)
+				fprintf(stderr, "compcntr_runtime_bench: unknown option '%s'\n", a);
 			MPI_Finalize();
 			return 2;
 		}
 	}
 	if (size < 2 || reps < 1 || o.msgs == 0) {
-		if (rank == 0) fprintf(stderr, "compcntr_runtime_bench: needs >= 2 ranks, --reps >= 1, --msgs >= 1\n");
+		if (rank == 0)
+			fprintf(stderr, "compcntr_runtime_bench: needs >= 2 ranks, --reps >= 1, "
+			                "--msgs >= 1\n");
 		MPI_Finalize();
 		return 2;
 	}
-	if (o.size < sizeof(struct rt_msg_hdr)) o.size = sizeof(struct rt_msg_hdr);
+	if (o.size < sizeof(struct rt_msg_hdr))
+		o.size = sizeof(struct rt_msg_hdr);
 	const double per_rank_msgs = (double)o.msgs * (size - 1);
 	double *cc = calloc((size_t)reps, sizeof *cc), *nf = calloc((size_t)reps, sizeof *nf);
 	double *mp = calloc((size_t)reps, sizeof *mp), *qt = calloc((size_t)reps, sizeof *qt);
@@ -141,9 +158,12 @@ int main(int argc, char **argv)
 	double *sw = calloc((size_t)reps, sizeof *sw), *sww = calloc((size_t)reps, sizeof *sww);
 	const double all_msgs = (double)o.msgs * size * (size - 1);
 	double cpu = 0;
-	char *sbuf = calloc((size_t)size * o.window, o.size), *rbuf = calloc((size_t)size * o.window, o.size);
+	char *sbuf = calloc((size_t)size * o.window, o.size),
+	     *rbuf = calloc((size_t)size * o.window, o.size);
 	MPI_Request *reqs = calloc(2 * (size_t)size * o.window, sizeof *reqs);
-	if (!cc || !nf || !mp || !qt || !cw || !ccw || !nfw || !mpw || !sw || !sww || !sbuf || !rbuf || !reqs) MPI_Abort(MPI_COMM_WORLD, 2);
+	if (!cc || !nf || !mp || !qt || !cw || !ccw || !nfw || !mpw || !sw || !sww || !sbuf ||
+	    !rbuf || !reqs)
+		MPI_Abort(MPI_COMM_WORLD, 2);
 
 	struct rt *rtc = NULL, *rtn = NULL, *rts = NULL;
 	if (!mpi_only) {
@@ -151,15 +171,18 @@ int main(int argc, char **argv)
 		on.flow = 0;
 		rtc = rt_open(&o);
 		rtn = rt_open(&on);
-		if (!rtc || !rtn) MPI_Abort(MPI_COMM_WORLD, 2);
+		if (!rtc || !rtn)
+			MPI_Abort(MPI_COMM_WORLD, 2);
 		/* warm-up: connections, caches, first-touch of every buffer */
-		if (rt_messages(rtc) || rt_messages(rtn)) MPI_Abort(MPI_COMM_WORLD, 2);
+		if (rt_messages(rtc) || rt_messages(rtn))
+			MPI_Abort(MPI_COMM_WORLD, 2);
 		if (small_window) {
 			struct rt_opts os = o;
 			os.window = small_window;
 			os.batch = small_window / 4 ? small_window / 4 : 1;
 			rts = rt_open(&os);
-			if (!rts || rt_messages(rts)) MPI_Abort(MPI_COMM_WORLD, 2);
+			if (!rts || rt_messages(rts))
+				MPI_Abort(MPI_COMM_WORLD, 2);
 		}
 	}
 	mpi_exchange(o.msgs, o.size, o.window, sbuf, rbuf, reqs, &cpu);
@@ -167,20 +190,27 @@ int main(int argc, char **argv)
 		for (int step = 0; step < 4; step++) {
 			const int which = (step + r) % 4;  /* rotate the order per repetition */
 			if (which == 0 && !mpi_only) {
-				if (rt_next_round(rtc) || rt_messages(rtc)) MPI_Abort(MPI_COMM_WORLD, 2);
-				ccw[r] = slowest(rt_stats_of(rtc)->msg_seconds) * 1e9 / per_rank_msgs;
+				if (rt_next_round(rtc) || rt_messages(rtc))
+					MPI_Abort(MPI_COMM_WORLD, 2);
+				ccw[r] = slowest(rt_stats_of(rtc)->msg_seconds) * 1e9 /
+				         per_rank_msgs;
 				cc[r] = total(rt_stats_of(rtc)->msg_cpu_seconds) * 1e9 / all_msgs;
 			} else if (which == 1 && !mpi_only) {
-				if (rt_next_round(rtn) || rt_messages(rtn)) MPI_Abort(MPI_COMM_WORLD, 2);
-				nfw[r] = slowest(rt_stats_of(rtn)->msg_seconds) * 1e9 / per_rank_msgs;
+				if (rt_next_round(rtn) || rt_messages(rtn))
+					MPI_Abort(MPI_COMM_WORLD, 2);
+				nfw[r] = slowest(rt_stats_of(rtn)->msg_seconds) * 1e9 /
+				         per_rank_msgs;
 				nf[r] = total(rt_stats_of(rtn)->msg_cpu_seconds) * 1e9 / all_msgs;
 			} else if (which == 3 && rts) {
-				if (rt_next_round(rts) || rt_messages(rts)) MPI_Abort(MPI_COMM_WORLD, 2);
-				sww[r] = slowest(rt_stats_of(rts)->msg_seconds) * 1e9 / per_rank_msgs;
+				if (rt_next_round(rts) || rt_messages(rts))
+					MPI_Abort(MPI_COMM_WORLD, 2);
+				sww[r] = slowest(rt_stats_of(rts)->msg_seconds) * 1e9 /
+				         per_rank_msgs;
 				sw[r] = total(rt_stats_of(rts)->msg_cpu_seconds) * 1e9 / all_msgs;
 			} else if (which == 2) {
-				mpw[r] = slowest(mpi_exchange(o.msgs, o.size, o.window, sbuf, rbuf, reqs, &cpu)) * 1e9 /
-					 per_rank_msgs;
+				mpw[r] = slowest(mpi_exchange(o.msgs, o.size, o.window, sbuf, rbuf,
+				                              reqs, &cpu)) *
+				         1e9 / per_rank_msgs;
 				mp[r] = total(cpu) * 1e9 / all_msgs;
 			}
 		}
@@ -191,11 +221,13 @@ int main(int argc, char **argv)
 				if (rank == 0)
 					for (int i = 0; i < writes_per_sample; i++) {
 						const double t = rt_one_write(rtc, 1, use_cc);
-						if (t < 0) MPI_Abort(MPI_COMM_WORLD, 2);
+						if (t < 0)
+							MPI_Abort(MPI_COMM_WORLD, 2);
 						sum += t;
 					}
 				/* the other ranks serve their endpoint until rank 0 is done */
-				if (rt_barrier(rtc)) MPI_Abort(MPI_COMM_WORLD, 2);
+				if (rt_barrier(rtc))
+					MPI_Abort(MPI_COMM_WORLD, 2);
 				(use_cc ? qt : cw)[r] = sum * 1e9 / writes_per_sample;
 			}
 	}
@@ -204,12 +236,15 @@ int main(int argc, char **argv)
 		/* The checks of the last round of each variant, and compcntr's counts against the
 		 * provider's over everything this job did. */
 		struct rt_stats sc, sn;
-		if (rt_finish(rtc, &sc) || rt_finish(rtn, &sn)) MPI_Abort(MPI_COMM_WORLD, 2);
+		if (rt_finish(rtc, &sc) || rt_finish(rtn, &sn))
+			MPI_Abort(MPI_COMM_WORLD, 2);
 		uint64_t mine[4] = {
-			(sc.cc_sends != sc.pv_sends) + (sc.cc_recvs != sc.pv_recvs) + (sc.cc_writes != sc.pv_writes) +
-				(sn.cc_sends != sn.pv_sends) + (sn.cc_recvs != sn.pv_recvs),
+			(sc.cc_sends != sc.pv_sends) + (sc.cc_recvs != sc.pv_recvs) +
+			        (sc.cc_writes != sc.pv_writes) + (sn.cc_sends != sn.pv_sends) +
+			        (sn.cc_recvs != sn.pv_recvs),
 			sc.credit_violations + sc.inflight_violations,
-			sc.bad_payload + sc.duplicates + sc.missing + sn.bad_payload + sn.duplicates + sn.missing,
+			sc.bad_payload + sc.duplicates + sc.missing + sn.bad_payload +
+			        sn.duplicates + sn.missing,
 			sc.max_inflight,
 		};
 		uint64_t sum[4];
@@ -225,8 +260,9 @@ int main(int argc, char **argv)
 		}
 	}
 	if (rank == 0) {
-		printf("info ranks=%d\ninfo msgs=%" PRIu64 "\ninfo size=%u\ninfo window=%u\ninfo writes=%d\n", size, o.msgs,
-		       o.size, o.window, writes_per_sample);
+		printf("info ranks=%d\ninfo msgs=%" PRIu64
+		       "\ninfo size=%u\ninfo window=%u\ninfo writes=%d\n",
+		       size, o.msgs, o.size, o.window, writes_per_sample);
 		if (!mpi_only) {
 			print_samples("credits", cc, reps);
 			print_samples("noflow", nf, reps);
@@ -247,7 +283,8 @@ int main(int argc, char **argv)
 	rt_close(rtc);
 	rt_close(rtn);
 	rt_close(rts);
-	free(sw), free(sww), free(ccw), free(nfw), free(mpw), free(cc), free(nf), free(mp), free(qt), free(cw), free(sbuf), free(rbuf), free(reqs);
+	free(sw), free(sww), free(ccw), free(nfw), free(mpw), free(cc), free(nf), free(mp),
+	        free(qt), free(cw), free(sbuf), free(rbuf), free(reqs);
 	MPI_Finalize();
 	return rc;
 }

@@ -142,7 +142,7 @@ struct rt {
 	struct live_msg live_out;
 	struct live_msg *live_all;    /* rank 0 */
 	unsigned idle;                /* consecutive progress-hook calls that found nothing */
-	double next_pet;              /* when progress next re-arms the watchdog (opts.watchdog_s) */
+	double next_pet; /* when progress next re-arms the watchdog (opts.watchdog_s) */
 	double live_t0;
 	int live_printed;
 };
@@ -179,7 +179,8 @@ static int fail(struct rt *rt, const char *fmt, ...)
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
 	const unsigned char *c = p;
-	for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 0x100000001b3ull;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ c[i]) * 0x100000001b3ull;
 	return h;
 }
 
@@ -233,14 +234,16 @@ static void live_print(struct rt *rt)
 		const struct live_msg *m = &rt->live_all[r];
 		recv += m->received;
 		if (m->phase == PHASE_RMA || m->phase == PHASE_DONE)
-			n += snprintf(line + n, sizeof line - (size_t)n, " r%d:%-4s", r, m->phase == PHASE_RMA ? "rma" : "done");
+			n += snprintf(line + n, sizeof line - (size_t)n, " r%d:%-4s", r,
+			              m->phase == PHASE_RMA ? "rma" : "done");
 		else
 			n += snprintf(line + n, sizeof line - (size_t)n, " r%d:%3d%%", r,
-				      per_rank ? (int)(100 * m->sent / per_rank) : 100);
+			              per_rank ? (int)(100 * m->sent / per_rank) : 100);
 	}
 	const double dt = now_s() - rt->live_t0;
-	snprintf(line + n, sizeof line - (size_t)n, " | %" PRIu64 "k/%" PRIu64 "k delivered, %.0fk msg/s ", recv / 1000,
-		 total / 1000, dt > 0 ? (double)recv / dt / 1e3 : 0.0);
+	snprintf(line + n, sizeof line - (size_t)n,
+	         " | %" PRIu64 "k/%" PRIu64 "k delivered, %.0fk msg/s ", recv / 1000, total / 1000,
+	         dt > 0 ? (double)recv / dt / 1e3 : 0.0);
 	fputs(line, stdout);
 	fflush(stdout);
 	rt->live_printed = 1;
@@ -248,9 +251,11 @@ static void live_print(struct rt *rt)
 
 static void live_tick(struct rt *rt, int force)
 {
-	if (!rt->o.live) return;
+	if (!rt->o.live)
+		return;
 	const double t = now_s();
-	if (!force && t < rt->next_live) return;
+	if (!force && t < rt->next_live)
+		return;
 	rt->next_live = t + 0.1;
 	rt->live_out.rank = rt->rank;
 	rt->live_out.phase = rt->phase;
@@ -265,19 +270,22 @@ static void live_tick(struct rt *rt, int force)
 			MPI_Iprobe(MPI_ANY_SOURCE, LIVE_TAG, MPI_COMM_WORLD, &flag, &s);
 			if (flag) {
 				struct live_msg m;
-				MPI_Recv(&m, sizeof m, MPI_BYTE, s.MPI_SOURCE, LIVE_TAG, MPI_COMM_WORLD,
-					 MPI_STATUS_IGNORE);
-				if (m.rank >= 0 && m.rank < rt->size) rt->live_all[m.rank] = m;
+				MPI_Recv(&m, sizeof m, MPI_BYTE, s.MPI_SOURCE, LIVE_TAG,
+				         MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+				if (m.rank >= 0 && m.rank < rt->size)
+					rt->live_all[m.rank] = m;
 			}
 		}
 		live_print(rt);
 	} else {
 		int done = 1;
-		if (rt->live_req != MPI_REQUEST_NULL) MPI_Test(&rt->live_req, &done, MPI_STATUS_IGNORE);
+		if (rt->live_req != MPI_REQUEST_NULL)
+			MPI_Test(&rt->live_req, &done, MPI_STATUS_IGNORE);
 		if (done) {
-			static struct live_msg out;  /* stays valid while the Isend is in flight */
+			static struct live_msg out; /* stays valid while the Isend is in flight */
 			out = rt->live_out;
-			MPI_Isend(&out, sizeof out, MPI_BYTE, 0, LIVE_TAG, MPI_COMM_WORLD, &rt->live_req);
+			MPI_Isend(&out, sizeof out, MPI_BYTE, 0, LIVE_TAG, MPI_COMM_WORLD,
+			          &rt->live_req);
 		}
 	}
 }
@@ -288,21 +296,27 @@ static void live_tick(struct rt *rt, int force)
  * receive queue holds): bounded, never a hang. */
 static int rx_full(struct rt *rt, double *deadline, const char *what)
 {
-	if (*deadline == 0) *deadline = now_s() + rt->o.timeout_ms / 1e3;
-	fi_cq_read(rt->rxcq, NULL, 0);  /* drives progress without consuming entries */
-	if (now_s() < *deadline) return 0;
-	return fail(rt, "fi_trecv(%s) kept returning -FI_EAGAIN: the receive queue holds %zu entries, "
-		    "fewer than the buffers to post (lower --window)", what, rt->info->rx_attr->size);
+	if (*deadline == 0)
+		*deadline = now_s() + rt->o.timeout_ms / 1e3;
+	fi_cq_read(rt->rxcq, NULL, 0); /* drives progress without consuming entries */
+	if (now_s() < *deadline)
+		return 0;
+	return fail(rt,
+	            "fi_trecv(%s) kept returning -FI_EAGAIN: the receive queue holds %zu entries, "
+	            "fewer than the buffers to post (lower --window)",
+	            what, rt->info->rx_attr->size);
 }
 
 static int post_data_recv(struct rt *rt, struct peer *p, struct rx_slot *s)
 {
 	ssize_t r;
 	double deadline = 0;
-	while ((r = fi_trecv(rt->ep, s->buf, rt->o.size, rt->rdesc, FI_ADDR_UNSPEC, TAG_DATA | s->src, 0,
-			     &s->ctx)) == -FI_EAGAIN)
-		if (rx_full(rt, &deadline, "data")) return -1;
-	if (r) return fail(rt, "fi_trecv(data from rank %u): %s", s->src, fi_strerror((int)-r));
+	while ((r = fi_trecv(rt->ep, s->buf, rt->o.size, rt->rdesc, FI_ADDR_UNSPEC,
+	                     TAG_DATA | s->src, 0, &s->ctx)) == -FI_EAGAIN)
+		if (rx_full(rt, &deadline, "data"))
+			return -1;
+	if (r)
+		return fail(rt, "fi_trecv(data from rank %u): %s", s->src, fi_strerror((int)-r));
 	p->posted++;
 	return 0;
 }
@@ -311,10 +325,12 @@ static int post_credit_recv(struct rt *rt, struct rx_slot *s)
 {
 	ssize_t r;
 	double deadline = 0;
-	while ((r = fi_trecv(rt->ep, NULL, 0, NULL, FI_ADDR_UNSPEC, TAG_CREDIT | s->src, 0, &s->ctx)) ==
-	       -FI_EAGAIN)
-		if (rx_full(rt, &deadline, "credits")) return -1;
-	if (r) return fail(rt, "fi_trecv(credits from rank %u): %s", s->src, fi_strerror((int)-r));
+	while ((r = fi_trecv(rt->ep, NULL, 0, NULL, FI_ADDR_UNSPEC, TAG_CREDIT | s->src, 0,
+	                     &s->ctx)) == -FI_EAGAIN)
+		if (rx_full(rt, &deadline, "credits"))
+			return -1;
+	if (r)
+		return fail(rt, "fi_trecv(credits from rank %u): %s", s->src, fi_strerror((int)-r));
 	return 0;
 }
 
@@ -325,12 +341,16 @@ static int send_credits(struct rt *rt)
 	int sent = 0;
 	for (int s = 0; s < rt->size; s++) {
 		struct peer *p = &rt->peers[s];
-		if (s == rt->rank || p->owed == 0) continue;
-		if (p->owed < rt->o.batch && p->received < rt->round_end) continue;
+		if (s == rt->rank || p->owed == 0)
+			continue;
+		if (p->owed < rt->o.batch && p->received < rt->round_end)
+			continue;
 		/* A context is reused only in a later round, after every send of this one completed. */
 		const ssize_t r = fi_tsenddata(rt->ep, NULL, 0, NULL, p->owed, p->addr,
-					       TAG_CREDIT | (uint64_t)rt->rank, &p->cctx[p->credit_msgs % p->ncctx]);
-		if (r == -FI_EAGAIN) continue;
+		                               TAG_CREDIT | (uint64_t)rt->rank,
+		                               &p->cctx[p->credit_msgs % p->ncctx]);
+		if (r == -FI_EAGAIN)
+			continue;
 		if (r) {
 			fail(rt, "fi_tsenddata(credits to rank %d): %s", s, fi_strerror((int)-r));
 			exit(5);
@@ -354,20 +374,24 @@ static void on_data(struct rt *rt, struct rx_slot *slot, const struct fi_cq_tagg
 	const char *payload = slot->buf + sizeof h;
 	const size_t plen = o->size - sizeof h;
 	int ok = e->len == o->size && h.src == slot->src && h.dst == (uint32_t)rt->rank &&
-		 h.seq >= rt->round_base && h.seq < rt->round_end &&
-		 h.sum == msg_sum(&h, payload, plen);
-	for (size_t i = 0; ok && i < plen; i++) ok = (unsigned char)payload[i] == payload_byte(h.src, h.dst, h.seq, i);
+	         h.seq >= rt->round_base && h.seq < rt->round_end &&
+	         h.sum == msg_sum(&h, payload, plen);
+	for (size_t i = 0; ok && i < plen; i++)
+		ok = (unsigned char)payload[i] == payload_byte(h.src, h.dst, h.seq, i);
 	if (!ok) {
 		rt->st.bad_payload++;
 	} else {
 		const uint64_t bit = h.seq - rt->round_base;
-		if (p->seen[bit / 8] & (1u << (bit % 8))) rt->st.duplicates++;
+		if (p->seen[bit / 8] & (1u << (bit % 8)))
+			rt->st.duplicates++;
 		p->seen[bit / 8] |= (uint8_t)(1u << (bit % 8));
-		if (h.seq != p->received) rt->st.out_of_order++;
+		if (h.seq != p->received)
+			rt->st.out_of_order++;
 		/* Credit discipline, checked by the receiver independently of the sender's tracker:
 		 * the sender may send message seq only while seq < my window + the credits it had
 		 * received from me, and it cannot have received more than I returned. */
-		if (o->flow && (h.seq >= (uint64_t)rt->st.my_window + h.credits_seen || h.credits_seen > p->returned))
+		if (o->flow && (h.seq >= (uint64_t)rt->st.my_window + h.credits_seen ||
+		                h.credits_seen > p->returned))
 			rt->st.credit_violations++;
 		p->sum_from += h.sum;
 	}
@@ -376,8 +400,10 @@ static void on_data(struct rt *rt, struct rx_slot *slot, const struct fi_cq_tagg
 	/* The buffer goes back first, then its credit: a credit always stands for a posted buffer.
 	 * A buffer that cannot be reposted must not be credited (the sender would overrun the
 	 * window and the check could not tell): fatal, like the other progress errors. */
-	if (p->posted < rt->round_end && post_data_recv(rt, p, slot)) exit(5);
-	if (o->flow) p->owed++;
+	if (p->posted < rt->round_end && post_data_recv(rt, p, slot))
+		exit(5);
+	if (o->flow)
+		p->owed++;
 }
 
 static void on_credit(struct rt *rt, struct rx_slot *slot, const struct fi_cq_tagged_entry *e)
@@ -385,8 +411,9 @@ static void on_credit(struct rt *rt, struct rx_slot *slot, const struct fi_cq_ta
 	struct peer *p = &rt->peers[slot->src];
 	p->got += e->data;
 	rt->st.credits_got += e->data;
-	compcntr_inc_comp_cntr(rt->cc_credit[slot->src], e->data);  /* wakes a waiting acquire */
-	if (post_credit_recv(rt, slot)) exit(5);
+	compcntr_inc_comp_cntr(rt->cc_credit[slot->src], e->data); /* wakes a waiting acquire */
+	if (post_credit_recv(rt, slot))
+		exit(5);
 }
 
 /* The watchdog (opts.watchdog_s) measures time *outside* progress: every wait here is bounded
@@ -397,7 +424,8 @@ static void on_credit(struct rt *rt, struct rx_slot *slot, const struct fi_cq_ta
 static void watchdog_pet(struct rt *rt)
 {
 	const double t = now_s();
-	if (t < rt->next_pet) return;
+	if (t < rt->next_pet)
+		return;
 	rt->next_pet = t + 0.25;
 	alarm((unsigned)rt->o.watchdog_s);
 }
@@ -407,11 +435,13 @@ static int progress_n(struct rt *rt)
 {
 	int n = 0;
 	const ssize_t b = compcntr_fi_bridge_progress(rt->br);
-	if (b > 0) n += (int)b;
+	if (b > 0)
+		n += (int)b;
 	struct fi_cq_tagged_entry e[RX_BATCH];
 	for (;;) {
 		const ssize_t r = fi_cq_read(rt->rxcq, e, RX_BATCH);
-		if (r == -FI_EAGAIN || r == 0) break;
+		if (r == -FI_EAGAIN || r == 0)
+			break;
 		if (r == -FI_EAVAIL) {
 			struct fi_cq_err_entry err;
 			memset(&err, 0, sizeof err);
@@ -419,9 +449,12 @@ static int progress_n(struct rt *rt)
 				rt->st.rx_errors++;
 				compcntr_inc_err_comp_cntr(rt->cc_recvs, 1);
 				struct rx_slot *s = err.op_context;
-				fprintf(stderr, "runtime: rank %d: receive error (%s) from rank %u%s\n", rt->rank,
-					fi_strerror(err.err), s ? s->src : 0u,
-					err.err == FI_ETRUNC ? ": truncated (no buffer large enough)" : "");
+				fprintf(stderr,
+				        "runtime: rank %d: receive error (%s) from rank %u%s\n",
+				        rt->rank, fi_strerror(err.err), s ? s->src : 0u,
+				        err.err == FI_ETRUNC
+				                ? ": truncated (no buffer large enough)"
+				                : "");
 				n++;
 			}
 			continue;
@@ -433,15 +466,20 @@ static int progress_n(struct rt *rt)
 		for (ssize_t i = 0; i < r; i++) {
 			struct rx_slot *s = e[i].op_context;
 			compcntr_inc_comp_cntr(rt->cc_recvs, 1);
-			if ((e[i].tag & TAG_KIND_MASK) == TAG_CREDIT) on_credit(rt, s, &e[i]);
-			else on_data(rt, s, &e[i]);
+			if ((e[i].tag & TAG_KIND_MASK) == TAG_CREDIT)
+				on_credit(rt, s, &e[i]);
+			else
+				on_data(rt, s, &e[i]);
 		}
 		n += (int)r;
-		if (r < RX_BATCH) break;
+		if (r < RX_BATCH)
+			break;
 	}
 	n += send_credits(rt);
-	if ((++rt->tick & 255) == 0) live_tick(rt, 0);
-	if (rt->o.watchdog_s > 0 && (rt->tick & 63) == 0) watchdog_pet(rt);
+	if ((++rt->tick & 255) == 0)
+		live_tick(rt, 0);
+	if (rt->o.watchdog_s > 0 && (rt->tick & 63) == 0)
+		watchdog_pet(rt);
 	return n;
 }
 
@@ -459,7 +497,8 @@ void rt_progress(void *v)
 	}
 	/* A short wait (an RMA write's completion, a credit already on the wire) stays hot: the
 	 * core is given away only after 16 empty calls in a row. */
-	if (++rt->idle >= 16) sched_yield();
+	if (++rt->idle >= 16)
+		sched_yield();
 }
 
 static void tx_progress(void *v)
@@ -469,14 +508,16 @@ static void tx_progress(void *v)
 		rt->idle = 0;
 		return;
 	}
-	if (++rt->idle >= 16) sched_yield();
+	if (++rt->idle >= 16)
+		sched_yield();
 }
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
 static int fi_check(struct rt *rt, const char *call, int r)
 {
-	if (r) return fail(rt, "%s: %s", call, fi_strerror(r < 0 ? -r : r));
+	if (r)
+		return fail(rt, "%s: %s", call, fi_strerror(r < 0 ? -r : r));
 	return 0;
 }
 
@@ -485,15 +526,17 @@ static int open_cntr(struct rt *rt, struct fid_cntr **c, uint64_t flags, const c
 	struct fi_cntr_attr a;
 	memset(&a, 0, sizeof a);
 	a.events = FI_CNTR_EVENTS_COMP;
-	a.wait_obj = FI_WAIT_UNSPEC;  /* the benchmark's reference uses fi_cntr_wait on it */
-	if (fi_check(rt, what, fi_cntr_open(rt->domain, &a, c, NULL))) return -1;
+	a.wait_obj = FI_WAIT_UNSPEC; /* the benchmark's reference uses fi_cntr_wait on it */
+	if (fi_check(rt, what, fi_cntr_open(rt->domain, &a, c, NULL)))
+		return -1;
 	return fi_check(rt, "fi_ep_bind(counter)", fi_ep_bind(rt->ep, &(*c)->fid, flags));
 }
 
 static void *zalloc(size_t n)
 {
 	void *p = NULL;
-	if (posix_memalign(&p, 4096, n ? n : 1)) return NULL;
+	if (posix_memalign(&p, 4096, n ? n : 1))
+		return NULL;
 	memset(p, 0, n ? n : 1);
 	return p;
 }
@@ -501,19 +544,26 @@ static void *zalloc(size_t n)
 struct rt *rt_open(const struct rt_opts *o)
 {
 	struct rt *rt = calloc(1, sizeof *rt);
-	if (!rt) return NULL;
+	if (!rt)
+		return NULL;
 	rt->o = *o;
 	rt->live_req = MPI_REQUEST_NULL;
 	MPI_Comm_rank(MPI_COMM_WORLD, &rt->rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &rt->size);
 	struct rt_opts *opt = &rt->o;
-	if (opt->size < sizeof(struct rt_msg_hdr)) opt->size = sizeof(struct rt_msg_hdr);
-	if (opt->window == 0) opt->window = 1;
-	if (opt->batch == 0) opt->batch = opt->window / 4 ? opt->window / 4 : 1;
-	if (opt->batch > opt->window) opt->batch = opt->window;
-	if (opt->rma_batch == 0) opt->rma_batch = 1;
+	if (opt->size < sizeof(struct rt_msg_hdr))
+		opt->size = sizeof(struct rt_msg_hdr);
+	if (opt->window == 0)
+		opt->window = 1;
+	if (opt->batch == 0)
+		opt->batch = opt->window / 4 ? opt->window / 4 : 1;
+	if (opt->batch > opt->window)
+		opt->batch = opt->window;
+	if (opt->rma_batch == 0)
+		opt->rma_batch = 1;
 	rt->st.rank = rt->rank;
-	rt->st.my_window = opt->window + (opt->vary_windows && (rt->rank & 1) ? opt->window / 2 : 0);
+	rt->st.my_window =
+	        opt->window + (opt->vary_windows && (rt->rank & 1) ? opt->window / 2 : 0);
 	/* Receive buffers per source: the window, with or without flow control. Without it the
 	 * senders do not wait for credits, and what finds no posted buffer waits in the provider's
 	 * unexpected-message queue (rxm buffers it) until a buffer is reposted: the traffic the
@@ -526,23 +576,27 @@ struct rt *rt_open(const struct rt_opts *o)
 		setenv("FI_SOCKETS_IFACE", opt->iface, 1);
 	}
 	struct fi_info *hints = fi_allocinfo();
-	if (!hints) return fail(rt, "fi_allocinfo failed"), NULL;
+	if (!hints)
+		return fail(rt, "fi_allocinfo failed"), NULL;
 	hints->ep_attr->type = FI_EP_RDM;
 	hints->caps = FI_TAGGED | FI_RMA;
 	hints->mode = FI_CONTEXT | FI_RX_CQ_DATA;
-	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+	hints->domain_attr->mr_mode =
+	        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
 	hints->domain_attr->threading = FI_THREAD_DOMAIN;
 	hints->fabric_attr->prov_name = strdup(opt->provider);
-	int r = fi_getinfo(FI_VERSION(1, 17), opt->addr, NULL, opt->addr ? FI_SOURCE : 0, hints, &rt->info);
+	int r = fi_getinfo(FI_VERSION(1, 17), opt->addr, NULL, opt->addr ? FI_SOURCE : 0, hints,
+	                   &rt->info);
 	fi_freeinfo(hints);
 	if (r) {
-		fail(rt, "fi_getinfo(%s, FI_EP_RDM, tagged + RMA%s%s): %s", opt->provider, opt->addr ? ", " : "",
-		     opt->addr ? opt->addr : "", fi_strerror(-r));
+		fail(rt, "fi_getinfo(%s, FI_EP_RDM, tagged + RMA%s%s): %s", opt->provider,
+		     opt->addr ? ", " : "", opt->addr ? opt->addr : "", fi_strerror(-r));
 		return NULL;
 	}
 	if (rt->info->domain_attr->cq_data_size < 4)
 		return fail(rt, "provider %s has %zu bytes of CQ data: credit messages need 4",
-			    rt->info->fabric_attr->prov_name, rt->info->domain_attr->cq_data_size), NULL;
+		            rt->info->fabric_attr->prov_name, rt->info->domain_attr->cq_data_size),
+		       NULL;
 	if (fi_check(rt, "fi_fabric", fi_fabric(rt->info->fabric_attr, &rt->fabric, NULL)) ||
 	    fi_check(rt, "fi_domain", fi_domain(rt->fabric, rt->info, &rt->domain, NULL)))
 		return NULL;
@@ -579,10 +633,18 @@ struct rt *rt_open(const struct rt_opts *o)
 	rt->peers = calloc(n, sizeof *rt->peers);
 	if (!rt->sregion || !rt->rregion || !rt->window || !rt->src || !rt->peers)
 		return fail(rt, "out of memory"), NULL;
-	if (fi_check(rt, "fi_mr_reg(send)", fi_mr_reg(rt->domain, rt->sregion, rt->sregion_len, FI_SEND, 0, 1, 0, &rt->smr, NULL)) ||
-	    fi_check(rt, "fi_mr_reg(recv)", fi_mr_reg(rt->domain, rt->rregion, rt->rregion_len, FI_RECV, 0, 2, 0, &rt->rmr, NULL)) ||
-	    fi_check(rt, "fi_mr_reg(window)", fi_mr_reg(rt->domain, rt->window, rt->window_len, FI_REMOTE_WRITE, 0, 3, 0, &rt->wmr, NULL)) ||
-	    fi_check(rt, "fi_mr_reg(rma source)", fi_mr_reg(rt->domain, rt->src, rt->src_len, FI_WRITE, 0, 4, 0, &rt->srcmr, NULL)))
+	if (fi_check(rt, "fi_mr_reg(send)",
+	             fi_mr_reg(rt->domain, rt->sregion, rt->sregion_len, FI_SEND, 0, 1, 0, &rt->smr,
+	                       NULL)) ||
+	    fi_check(rt, "fi_mr_reg(recv)",
+	             fi_mr_reg(rt->domain, rt->rregion, rt->rregion_len, FI_RECV, 0, 2, 0, &rt->rmr,
+	                       NULL)) ||
+	    fi_check(rt, "fi_mr_reg(window)",
+	             fi_mr_reg(rt->domain, rt->window, rt->window_len, FI_REMOTE_WRITE, 0, 3, 0,
+	                       &rt->wmr, NULL)) ||
+	    fi_check(rt, "fi_mr_reg(rma source)",
+	             fi_mr_reg(rt->domain, rt->src, rt->src_len, FI_WRITE, 0, 4, 0, &rt->srcmr,
+	                       NULL)))
 		return NULL;
 	rt->sdesc = fi_mr_desc(rt->smr);
 	rt->rdesc = fi_mr_desc(rt->rmr);
@@ -590,32 +652,40 @@ struct rt *rt_open(const struct rt_opts *o)
 
 	/* compcntr: the device, the counters, the bridge, the trackers */
 	rt->dev = compcntr_open_device("soft");
-	if (!rt->dev) return fail(rt, "compcntr_open_device: %s", compcntr_last_error_message()), NULL;
+	if (!rt->dev)
+		return fail(rt, "compcntr_open_device: %s", compcntr_last_error_message()), NULL;
 	struct compcntr_comp_cntr_init_attr ca;
 	memset(&ca, 0, sizeof ca);
 	ca.type = COMPCNTR_COMP_CNTR_TYPE_WRS;
 	rt->cc_credit = calloc(n, sizeof *rt->cc_credit);
-	if (!rt->cc_credit) return fail(rt, "out of memory"), NULL;
+	if (!rt->cc_credit)
+		return fail(rt, "out of memory"), NULL;
 	if (!(rt->cc_sends = compcntr_create_comp_cntr(rt->dev, &ca)) ||
 	    !(rt->cc_writes = compcntr_create_comp_cntr(rt->dev, &ca)) ||
 	    !(rt->cc_recvs = compcntr_create_comp_cntr(rt->dev, &ca)))
-		return fail(rt, "compcntr_create_comp_cntr: %s", compcntr_last_error_message()), NULL;
+		return fail(rt, "compcntr_create_comp_cntr: %s", compcntr_last_error_message()),
+		       NULL;
 	for (size_t i = 0; i < n; i++)
 		if (!(rt->cc_credit[i] = compcntr_create_comp_cntr(rt->dev, &ca)))
-			return fail(rt, "compcntr_create_comp_cntr: %s", compcntr_last_error_message()), NULL;
+			return fail(rt, "compcntr_create_comp_cntr: %s",
+			            compcntr_last_error_message()),
+			       NULL;
 	struct compcntr_fi_bridge_attr ba;
 	memset(&ba, 0, sizeof ba);
 	ba.comp_mask = COMPCNTR_FI_BRIDGE_ATTR_FORMAT;
 	ba.format = FI_CQ_FORMAT_TAGGED;
 	rt->br = compcntr_fi_bridge_open_ex(rt->txcq, &ba);
-	if (!rt->br) return fail(rt, "compcntr_fi_bridge_open_ex: %s", compcntr_fi_last_error()), NULL;
+	if (!rt->br)
+		return fail(rt, "compcntr_fi_bridge_open_ex: %s", compcntr_fi_last_error()), NULL;
 	if (compcntr_fi_bridge_bind(rt->br, rt->cc_sends, FI_SEND) ||
 	    compcntr_fi_bridge_bind(rt->br, rt->cc_writes, FI_WRITE))
 		return fail(rt, "compcntr_fi_bridge_bind: %s", compcntr_fi_last_error()), NULL;
 	rt->tr = compcntr_tracker_create(rt->cc_writes);
-	if (!rt->tr) return fail(rt, "compcntr_tracker_create: %s", compcntr_last_error_message()), NULL;
+	if (!rt->tr)
+		return fail(rt, "compcntr_tracker_create: %s", compcntr_last_error_message()), NULL;
 	rt->wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN | COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL;
-	rt->wa.spin_ns = opt->spin_us < 0 ? COMPCNTR_WAIT_SPIN_FOREVER : (int64_t)opt->spin_us * 1000;
+	rt->wa.spin_ns =
+	        opt->spin_us < 0 ? COMPCNTR_WAIT_SPIN_FOREVER : (int64_t)opt->spin_us * 1000;
 	rt->wa.progress_interval_us = (uint32_t)(opt->interval_us > 0 ? opt->interval_us : 1);
 	rt->wa.progress = rt_progress;
 	rt->wa.progress_ctx = rt;
@@ -629,23 +699,30 @@ struct rt *rt_open(const struct rt_opts *o)
 	char name[NAME_MAX_LEN];
 	memset(name, 0, sizeof name);
 	size_t len = sizeof name;
-	if (fi_check(rt, "fi_getname", fi_getname(&rt->ep->fid, name, &len))) return NULL;
+	if (fi_check(rt, "fi_getname", fi_getname(&rt->ep->fid, name, &len)))
+		return NULL;
 	char *names = malloc(n * NAME_MAX_LEN);
-	if (!names) return fail(rt, "out of memory"), NULL;
+	if (!names)
+		return fail(rt, "out of memory"), NULL;
 	MPI_Allgather(name, NAME_MAX_LEN, MPI_BYTE, names, NAME_MAX_LEN, MPI_BYTE, MPI_COMM_WORLD);
 	fi_addr_t *addrs = calloc(n, sizeof *addrs);
-	if (!addrs) return fail(rt, "out of memory"), NULL;
+	if (!addrs)
+		return fail(rt, "out of memory"), NULL;
 	for (size_t i = 0; i < n; i++)
 		if (fi_av_insert(rt->av, names + i * NAME_MAX_LEN, 1, &addrs[i], 0, NULL) != 1)
 			return fail(rt, "fi_av_insert(rank %zu) failed", i), NULL;
 	free(names);
-	uint64_t mine[3] = {(rt->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? (uint64_t)(uintptr_t)rt->window : 0,
-			    fi_mr_key(rt->wmr), rt->st.my_window};
+	uint64_t mine[3] = { (rt->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR)
+		                     ? (uint64_t)(uintptr_t)rt->window
+		                     : 0,
+		             fi_mr_key(rt->wmr), rt->st.my_window };
 	uint64_t *all = malloc(n * sizeof mine);
-	if (!all) return fail(rt, "out of memory"), NULL;
+	if (!all)
+		return fail(rt, "out of memory"), NULL;
 	MPI_Allgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, MPI_COMM_WORLD);
 	uint64_t *windows = calloc(n, sizeof *windows);
-	if (!windows) return fail(rt, "out of memory"), NULL;
+	if (!windows)
+		return fail(rt, "out of memory"), NULL;
 	for (size_t i = 0; i < n; i++) {
 		struct peer *p = &rt->peers[i];
 		p->addr = addrs[i];
@@ -659,12 +736,14 @@ struct rt *rt_open(const struct rt_opts *o)
 	/* One window per peer: peer i keeps windows[i] buffers posted for this rank. */
 	rt->cr = compcntr_credits_adopt(rt->dev, rt->cc_credit, (uint32_t)n, windows);
 	free(windows);
-	if (!rt->cr) return fail(rt, "compcntr_credits_adopt: %s", compcntr_last_error_message()), NULL;
+	if (!rt->cr)
+		return fail(rt, "compcntr_credits_adopt: %s", compcntr_last_error_message()), NULL;
 
 	/* per-peer state and the initial receives */
 	for (size_t i = 0; i < n; i++) {
 		struct peer *p = &rt->peers[i];
-		if (i == (size_t)rt->rank) continue;
+		if (i == (size_t)rt->rank)
+			continue;
 		p->sbuf = rt->sregion + i * opt->msgs * opt->size;
 		p->sctx = calloc(opt->msgs ? opt->msgs : 1, sizeof *p->sctx);
 		p->wctx = calloc(opt->writes ? opt->writes : 1, sizeof *p->wctx);
@@ -677,7 +756,8 @@ struct rt *rt_open(const struct rt_opts *o)
 		 * with --vary-windows left credit messages unexpected (queued by the provider). */
 		p->ncrx = opt->flow ? (uint32_t)(p->window / opt->batch) + 4 : 0;
 		p->crx = calloc(p->ncrx ? p->ncrx : 1, sizeof *p->crx);
-		p->ncctx = opt->flow ? (opt->msgs + opt->batch - 1) / opt->batch + 4 : 1;  /* per round */
+		p->ncctx = opt->flow ? (opt->msgs + opt->batch - 1) / opt->batch + 4
+		                     : 1; /* per round */
 		p->cctx = calloc(p->ncctx, sizeof *p->cctx);
 		if (!p->sctx || !p->wctx || !p->seen || !p->rx || !p->crx || !p->cctx)
 			return fail(rt, "out of memory"), NULL;
@@ -686,21 +766,26 @@ struct rt *rt_open(const struct rt_opts *o)
 			s->src = (uint32_t)i;
 			s->kind = 1;
 			s->buf = rt->rregion + (i * nrx + k) * (size_t)opt->size;
-			if (post_data_recv(rt, p, s)) return NULL;
+			if (post_data_recv(rt, p, s))
+				return NULL;
 		}
 		for (uint32_t k = 0; k < p->ncrx; k++) {
 			p->crx[k].src = (uint32_t)i;
 			p->crx[k].kind = 2;
-			if (post_credit_recv(rt, &p->crx[k])) return NULL;
+			if (post_credit_recv(rt, &p->crx[k]))
+				return NULL;
 		}
 		for (uint64_t j = 0; j < opt->writes; j++)
 			for (size_t b = 0; b < opt->wsize; b++)
-				rt->src[(i * opt->writes + j) * opt->wsize + b] = (char)rma_byte((uint32_t)rt->rank, (uint32_t)i, j, b);
+				rt->src[(i * opt->writes + j) * opt->wsize + b] =
+				        (char)rma_byte((uint32_t)rt->rank, (uint32_t)i, j, b);
 	}
 	if (opt->live && rt->rank == 0) {
 		rt->live_all = calloc(n, sizeof *rt->live_all);
-		if (!rt->live_all) return fail(rt, "out of memory"), NULL;
-		for (size_t i = 0; i < n; i++) rt->live_all[i].rank = (int32_t)i;
+		if (!rt->live_all)
+			return fail(rt, "out of memory"), NULL;
+		for (size_t i = 0; i < n; i++)
+			rt->live_all[i].rank = (int32_t)i;
 	}
 	/* Every receive is posted before anyone sends. */
 	MPI_Barrier(MPI_COMM_WORLD);
@@ -714,15 +799,19 @@ struct rt *rt_open(const struct rt_opts *o)
 static void injected_failure(struct rt *rt)
 {
 	if (rt->o.fail_mode == RT_FAIL_EXIT) {
-		fprintf(stderr, "runtime: rank %d: injected failure after %" PRIu64 " messages: exiting\n", rt->rank,
-			rt->st.sent);
+		fprintf(stderr,
+		        "runtime: rank %d: injected failure after %" PRIu64 " messages: exiting\n",
+		        rt->rank, rt->st.sent);
 		fflush(stderr);
 		_exit(3);
 	}
-	fprintf(stderr, "runtime: rank %d: injected failure after %" PRIu64 " messages: hanging (no progress)\n",
-		rt->rank, rt->st.sent);
+	fprintf(stderr,
+	        "runtime: rank %d: injected failure after %" PRIu64
+	        " messages: hanging (no progress)\n",
+	        rt->rank, rt->st.sent);
 	fflush(stderr);
-	for (;;) pause();
+	for (;;)
+		pause();
 }
 
 static int send_one(struct rt *rt, int dst)
@@ -736,13 +825,17 @@ static int send_one(struct rt *rt, int dst)
 		if (r == ETIMEDOUT) {
 			rt->st.acquire_waits++;
 			const double w0 = now_s();
-			const int r2 = compcntr_credits_acquire_ex(rt->cr, (uint32_t)dst, 1, o->timeout_ms, &rt->wa);
+			const int r2 = compcntr_credits_acquire_ex(rt->cr, (uint32_t)dst, 1,
+			                                           o->timeout_ms, &rt->wa);
 			rt->st.acquire_wait_seconds += now_s() - w0;
 			if (r2)
-				return fail(rt, "no credit from rank %d for %d ms (%s; sent %" PRIu64 ", credits back %" PRIu64
-					    ", window %" PRIu64 "): is it alive?", dst, o->timeout_ms,
-					    r2 == ETIMEDOUT ? "ETIMEDOUT" : strerror(r2), p->sent,
-					    p->got, p->window);
+				return fail(rt,
+				            "no credit from rank %d for %d ms (%s; sent %" PRIu64
+				            ", credits back %" PRIu64 ", window %" PRIu64
+				            "): is it alive?",
+				            dst, o->timeout_ms,
+				            r2 == ETIMEDOUT ? "ETIMEDOUT" : strerror(r2), p->sent,
+				            p->got, p->window);
 		} else if (r) {
 			return fail(rt, "compcntr_credits_acquire(rank %d): %s", dst, strerror(r));
 		}
@@ -752,32 +845,41 @@ static int send_one(struct rt *rt, int dst)
 		const int ro = compcntr_credits_outstanding(rt->cr, (uint32_t)dst, &out);
 		const uint64_t mine = p->sent + 1 - read_cc(rt->cc_credit[dst]);
 		/* EOVERFLOW (more credits back than taken) is a violation too, not "0 in flight". */
-		if (ro != 0 || out > p->window || mine > p->window) rt->st.inflight_violations++;
+		if (ro != 0 || out > p->window || mine > p->window)
+			rt->st.inflight_violations++;
 		if (mine > rt->st.max_inflight) {
 			rt->st.max_inflight = mine;
 			rt->st.max_inflight_window = p->window;
 		}
 	}
 	char *buf = p->sbuf + (p->sent - rt->round_base) * o->size;
-	struct rt_msg_hdr h = {(uint32_t)rt->rank, (uint32_t)dst, p->sent, read_cc(rt->cc_credit[dst]), 0};
+	struct rt_msg_hdr h = { (uint32_t)rt->rank, (uint32_t)dst, p->sent,
+		                read_cc(rt->cc_credit[dst]), 0 };
 	char *payload = buf + sizeof h;
 	const size_t plen = o->size - sizeof h;
-	for (size_t i = 0; i < plen; i++) payload[i] = (char)payload_byte(h.src, h.dst, h.seq, i);
+	for (size_t i = 0; i < plen; i++)
+		payload[i] = (char)payload_byte(h.src, h.dst, h.seq, i);
 	h.sum = msg_sum(&h, payload, plen);
 	memcpy(buf, &h, sizeof h);
 	ssize_t r;
 	const double deadline = now_s() + o->timeout_ms / 1e3;
-	while ((r = fi_tsend(rt->ep, buf, o->size, rt->sdesc, p->addr, TAG_DATA | (uint64_t)rt->rank,
-			     &p->sctx[p->sent - rt->round_base])) == -FI_EAGAIN) {
-		if (progress_n(rt) == 0) sched_yield();
-		if (now_s() > deadline) return fail(rt, "fi_tsend to rank %d kept returning -FI_EAGAIN for %d ms", dst, o->timeout_ms);
+	while ((r = fi_tsend(rt->ep, buf, o->size, rt->sdesc, p->addr,
+	                     TAG_DATA | (uint64_t)rt->rank, &p->sctx[p->sent - rt->round_base])) ==
+	       -FI_EAGAIN) {
+		if (progress_n(rt) == 0)
+			sched_yield();
+		if (now_s() > deadline)
+			return fail(rt, "fi_tsend to rank %d kept returning -FI_EAGAIN for %d ms",
+			            dst, o->timeout_ms);
 	}
-	if (r) return fail(rt, "fi_tsend(rank %d): %s", dst, fi_strerror((int)-r));
+	if (r)
+		return fail(rt, "fi_tsend(rank %d): %s", dst, fi_strerror((int)-r));
 	p->sum_to += h.sum;
 	p->sent++;
 	rt->st.sent++;
 	rt->tx_posted++;
-	if (rt->rank == rt->o.fail_rank && rt->o.fail_mode != RT_FAIL_NONE && rt->st.sent >= rt->o.fail_at)
+	if (rt->rank == rt->o.fail_rank && rt->o.fail_mode != RT_FAIL_NONE &&
+	    rt->st.sent >= rt->o.fail_at)
 		injected_failure(rt);
 	return 0;
 }
@@ -787,8 +889,11 @@ static int drive_until(struct rt *rt, int (*done)(struct rt *), const char *what
 {
 	const double deadline = now_s() + rt->o.timeout_ms / 1e3;
 	while (!done(rt)) {
-		if (progress_n(rt) == 0) sched_yield();
-		if (now_s() > deadline) return fail(rt, "timed out after %d ms waiting for %s", rt->o.timeout_ms, what);
+		if (progress_n(rt) == 0)
+			sched_yield();
+		if (now_s() > deadline)
+			return fail(rt, "timed out after %d ms waiting for %s", rt->o.timeout_ms,
+			            what);
 	}
 	return 0;
 }
@@ -796,7 +901,8 @@ static int drive_until(struct rt *rt, int (*done)(struct rt *), const char *what
 static int all_received(struct rt *rt)
 {
 	for (int s = 0; s < rt->size; s++)
-		if (s != rt->rank && (rt->peers[s].received < rt->round_end || rt->peers[s].owed)) return 0;
+		if (s != rt->rank && (rt->peers[s].received < rt->round_end || rt->peers[s].owed))
+			return 0;
 	return 1;
 }
 
@@ -809,29 +915,43 @@ int rt_messages(struct rt *rt)
 	 * every other one at once. */
 	for (uint64_t k = 0; k < o->msgs; k++) {
 		for (int d = 1; d < rt->size; d++)
-			if (send_one(rt, (rt->rank + d) % rt->size)) return -1;
-		if ((k & 15) == 15) progress_n(rt);
+			if (send_one(rt, (rt->rank + d) % rt->size))
+				return -1;
+		if ((k & 15) == 15)
+			progress_n(rt);
 	}
 	if (drive_until(rt, all_received, "every message from every rank")) {
 		for (int s = 0; s < rt->size; s++)
 			if (s != rt->rank && rt->peers[s].received < rt->round_end)
-				fprintf(stderr, "runtime: rank %d: got %" PRIu64 " of %" PRIu64 " messages from rank %d\n",
-					rt->rank, rt->peers[s].received - rt->round_base, o->msgs, s);
+				fprintf(stderr,
+				        "runtime: rank %d: got %" PRIu64 " of %" PRIu64
+				        " messages from rank %d\n",
+				        rt->rank, rt->peers[s].received - rt->round_base, o->msgs,
+				        s);
 		return -1;
 	}
 	if (o->flow)
 		for (int d = 0; d < rt->size; d++) {
-			if (d == rt->rank) continue;
+			if (d == rt->rank)
+				continue;
 			/* Every credit taken for dst has come back: all my messages to it are consumed. */
-			const int r = compcntr_credits_flush_ex(rt->cr, (uint32_t)d, o->timeout_ms, &rt->wa);
-			if (r) return fail(rt, "credits_flush(rank %d): %s (credits back %" PRIu64 " of %" PRIu64 ")", d,
-					   strerror(r), rt->peers[d].got, rt->peers[d].sent);
+			const int r = compcntr_credits_flush_ex(rt->cr, (uint32_t)d, o->timeout_ms,
+			                                        &rt->wa);
+			if (r)
+				return fail(rt,
+				            "credits_flush(rank %d): %s (credits back %" PRIu64
+				            " of %" PRIu64 ")",
+				            d, strerror(r), rt->peers[d].got, rt->peers[d].sent);
 		}
 	/* Every send posted (data and credits) has completed locally. */
-	const int r = compcntr_wait_comp_cntr_ex(rt->cc_sends, rt->tx_posted, o->timeout_ms, &rt->wa);
+	const int r =
+	        compcntr_wait_comp_cntr_ex(rt->cc_sends, rt->tx_posted, o->timeout_ms, &rt->wa);
 	if (r)
-		return fail(rt, "waiting for %" PRIu64 " send completions (have %" PRIu64 ", %" PRIu64 " errors): %s",
-			    rt->tx_posted, read_cc(rt->cc_sends), read_cc_err(rt->cc_sends), strerror(r));
+		return fail(rt,
+		            "waiting for %" PRIu64 " send completions (have %" PRIu64 ", %" PRIu64
+		            " errors): %s",
+		            rt->tx_posted, read_cc(rt->cc_sends), read_cc_err(rt->cc_sends),
+		            strerror(r));
 	rt->st.msg_seconds = now_s() - t0;
 	rt->st.msg_cpu_seconds = thread_cpu_s() - c0;
 	return 0;
@@ -845,14 +965,18 @@ static int post_write(struct rt *rt, int dst, uint64_t j)
 	const struct rt_opts *o = &rt->o;
 	char *from = rt->src + ((size_t)dst * o->writes + j) * o->wsize;
 	const uint64_t to = p->win_addr + ((uint64_t)rt->rank * o->writes + j) * o->wsize;
-	compcntr_tracker_issue(rt->tr, 1);  /* before the post: a quiet after it waits for it */
+	compcntr_tracker_issue(rt->tr, 1); /* before the post: a quiet after it waits for it */
 	ssize_t r;
 	const double deadline = now_s() + o->timeout_ms / 1e3;
-	while ((r = fi_write(rt->ep, from, o->wsize, rt->srcdesc, p->addr, to, p->win_key, &p->wctx[j])) == -FI_EAGAIN) {
-		if (progress_n(rt) == 0) sched_yield();
-		if (now_s() > deadline) return fail(rt, "fi_write to rank %d kept returning -FI_EAGAIN", dst);
+	while ((r = fi_write(rt->ep, from, o->wsize, rt->srcdesc, p->addr, to, p->win_key,
+	                     &p->wctx[j])) == -FI_EAGAIN) {
+		if (progress_n(rt) == 0)
+			sched_yield();
+		if (now_s() > deadline)
+			return fail(rt, "fi_write to rank %d kept returning -FI_EAGAIN", dst);
 	}
-	if (r) return fail(rt, "fi_write(rank %d): %s", dst, fi_strerror((int)-r));
+	if (r)
+		return fail(rt, "fi_write(rank %d): %s", dst, fi_strerror((int)-r));
 	rt->writes_posted++;
 	rt->st.writes++;
 	return 0;
@@ -863,15 +987,19 @@ static int quiet(struct rt *rt)
 	const double t0 = now_s();
 	const int r = compcntr_tracker_quiet_ex(rt->tr, rt->o.timeout_ms, &rt->wa_tx);
 	const double us = (now_s() - t0) * 1e6;
-	if (us > rt->st.quiet_us_max) rt->st.quiet_us_max = us;
+	if (us > rt->st.quiet_us_max)
+		rt->st.quiet_us_max = us;
 	rt->st.quiets++;
 	if (r == EIO) {
 		rt->st.quiet_eio++;
-		return fail(rt, "quiet: an RMA write failed (%" PRIu64 " write errors)", read_cc_err(rt->cc_writes));
+		return fail(rt, "quiet: an RMA write failed (%" PRIu64 " write errors)",
+		            read_cc_err(rt->cc_writes));
 	}
 	if (r)
-		return fail(rt, "quiet: %s after %d ms (%" PRIu64 " of %" PRIu64 " writes completed)", strerror(r),
-			    rt->o.timeout_ms, compcntr_tracker_completed(rt->tr), compcntr_tracker_issued(rt->tr));
+		return fail(rt,
+		            "quiet: %s after %d ms (%" PRIu64 " of %" PRIu64 " writes completed)",
+		            strerror(r), rt->o.timeout_ms, compcntr_tracker_completed(rt->tr),
+		            compcntr_tracker_issued(rt->tr));
 	return 0;
 }
 
@@ -880,17 +1008,22 @@ static uint64_t window_mismatches(struct rt *rt)
 	const struct rt_opts *o = &rt->o;
 	uint64_t bad = 0;
 	for (int s = 0; s < rt->size; s++) {
-		if (s == rt->rank) continue;
+		if (s == rt->rank)
+			continue;
 		for (uint64_t j = 0; j < o->writes; j++) {
 			const char *w = rt->window + ((size_t)s * o->writes + j) * o->wsize;
 			for (size_t b = 0; b < o->wsize; b++)
-				bad += (unsigned char)w[b] != rma_byte((uint32_t)s, (uint32_t)rt->rank, j, b);
+				bad += (unsigned char)w[b] !=
+				       rma_byte((uint32_t)s, (uint32_t)rt->rank, j, b);
 		}
 	}
 	return bad;
 }
 
-static int window_ok(struct rt *rt) { return window_mismatches(rt) == 0; }
+static int window_ok(struct rt *rt)
+{
+	return window_mismatches(rt) == 0;
+}
 
 int rt_rma(struct rt *rt)
 {
@@ -900,13 +1033,17 @@ int rt_rma(struct rt *rt)
 	for (uint64_t b = 0; b < o->writes; b += o->rma_batch) {
 		for (int d = 1; d < rt->size; d++)
 			for (uint64_t j = b; j < b + o->rma_batch && j < o->writes; j++)
-				if (post_write(rt, (rt->rank + d) % rt->size, j)) return -1;
-		if (quiet(rt)) return -1;  /* shmem_quiet: everything issued so far is complete */
+				if (post_write(rt, (rt->rank + d) % rt->size, j))
+					return -1;
+		if (quiet(rt))
+			return -1; /* shmem_quiet: everything issued so far is complete */
 	}
-	if (quiet(rt)) return -1;      /* nothing new: returns at once */
+	if (quiet(rt))
+		return -1; /* nothing new: returns at once */
 	rt->st.rma_seconds = now_s() - t0;
 	/* The writes of every peer land in this rank's window (the target drives progress too). */
-	if (drive_until(rt, window_ok, "the RMA writes of every rank to land in this rank's window")) {
+	if (drive_until(rt, window_ok,
+	                "the RMA writes of every rank to land in this rank's window")) {
 		rt->st.window_bad = window_mismatches(rt);
 		return -1;
 	}
@@ -923,9 +1060,11 @@ int rt_barrier(struct rt *rt)
 	MPI_Ibarrier(MPI_COMM_WORLD, &req);
 	const double deadline = now_s() + rt->o.timeout_ms / 1e3;
 	for (int flag = 0; !flag;) {
-		if (progress_n(rt) == 0) sched_yield();
+		if (progress_n(rt) == 0)
+			sched_yield();
 		MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-		if (!flag && now_s() > deadline) return fail(rt, "timed out in a barrier");
+		if (!flag && now_s() > deadline)
+			return fail(rt, "timed out in a barrier");
 	}
 	return 0;
 }
@@ -939,15 +1078,20 @@ int rt_next_round(struct rt *rt)
 	 * send buffers and contexts are free again. */
 	for (int i = 0; i < rt->size; i++) {
 		struct peer *p = &rt->peers[i];
-		if (i == rt->rank) continue;
+		if (i == rt->rank)
+			continue;
 		memset(p->seen, 0, o->msgs / 8 + 1);
 		for (uint32_t k = 0; k < p->nrx && k < o->msgs; k++)
-			if (post_data_recv(rt, p, &p->rx[k])) return -1;
+			if (post_data_recv(rt, p, &p->rx[k]))
+				return -1;
 	}
-	return rt_barrier(rt);  /* every receive of the round is posted before anyone sends */
+	return rt_barrier(rt); /* every receive of the round is posted before anyone sends */
 }
 
-const struct rt_stats *rt_stats_of(const struct rt *rt) { return &rt->st; }
+const struct rt_stats *rt_stats_of(const struct rt *rt)
+{
+	return &rt->st;
+}
 
 /* ---- the end ---------------------------------------------------------------------------- */
 
@@ -956,19 +1100,23 @@ int rt_finish(struct rt *rt, struct rt_stats *st)
 	rt->phase = PHASE_DONE;
 	live_tick(rt, 1);
 	if (rt->o.live && rt->rank != 0) {
-		if (rt->live_req != MPI_REQUEST_NULL) MPI_Wait(&rt->live_req, MPI_STATUS_IGNORE);
+		if (rt->live_req != MPI_REQUEST_NULL)
+			MPI_Wait(&rt->live_req, MPI_STATUS_IGNORE);
 		struct live_msg m = rt->live_out;
 		m.phase = PHASE_DONE;
 		MPI_Send(&m, sizeof m, MPI_BYTE, 0, LIVE_TAG, MPI_COMM_WORLD);
 	}
-	if (rt_barrier(rt)) return -1;
+	if (rt_barrier(rt))
+		return -1;
 	if (rt->o.live && rt->rank == 0) {
 		for (int r = 1; r < rt->size; r++)
 			while (rt->live_all[r].phase != PHASE_DONE) {
 				struct live_msg m;
 				MPI_Status s;
-				MPI_Recv(&m, sizeof m, MPI_BYTE, MPI_ANY_SOURCE, LIVE_TAG, MPI_COMM_WORLD, &s);
-				if (m.rank >= 0 && m.rank < rt->size) rt->live_all[m.rank] = m;
+				MPI_Recv(&m, sizeof m, MPI_BYTE, MPI_ANY_SOURCE, LIVE_TAG,
+				         MPI_COMM_WORLD, &s);
+				if (m.rank >= 0 && m.rank < rt->size)
+					rt->live_all[m.rank] = m;
 			}
 		live_print(rt);
 		fputc('\n', stdout);
@@ -979,27 +1127,34 @@ int rt_finish(struct rt *rt, struct rt_stats *st)
 	rt->st.cc_sends = read_cc(rt->cc_sends);
 	rt->st.cc_writes = read_cc(rt->cc_writes);
 	rt->st.cc_recvs = read_cc(rt->cc_recvs);
-	rt->st.cc_errors = read_cc_err(rt->cc_sends) + read_cc_err(rt->cc_writes) + read_cc_err(rt->cc_recvs);
+	rt->st.cc_errors =
+	        read_cc_err(rt->cc_sends) + read_cc_err(rt->cc_writes) + read_cc_err(rt->cc_recvs);
 	rt->st.pv_sends = fi_cntr_read(rt->pv_send);
 	rt->st.pv_recvs = fi_cntr_read(rt->pv_recv);
 	rt->st.pv_writes = fi_cntr_read(rt->pv_write);
-	rt->st.pv_errors = fi_cntr_readerr(rt->pv_send) + fi_cntr_readerr(rt->pv_recv) + fi_cntr_readerr(rt->pv_write);
+	rt->st.pv_errors = fi_cntr_readerr(rt->pv_send) + fi_cntr_readerr(rt->pv_recv) +
+	                   fi_cntr_readerr(rt->pv_write);
 	rt->st.tx_errors = read_cc_err(rt->cc_sends) + read_cc_err(rt->cc_writes);
 	/* exactly once: every sequence number seen */
 	for (int s = 0; s < rt->size; s++) {
-		if (s == rt->rank) continue;
-		for (uint64_t k = 0; k < rt->o.msgs; k++)  /* this round's */
-			if (!(rt->peers[s].seen[k / 8] & (1u << (k % 8)))) rt->st.missing++;
+		if (s == rt->rank)
+			continue;
+		for (uint64_t k = 0; k < rt->o.msgs; k++) /* this round's */
+			if (!(rt->peers[s].seen[k / 8] & (1u << (k % 8))))
+				rt->st.missing++;
 		rt->st.credits_returned += rt->peers[s].returned;
 	}
 	/* checksums: what each source sent me (its sum_to[me]) against what I received */
 	const size_t n = (size_t)rt->size;
 	uint64_t *to = calloc(n, sizeof *to), *from = calloc(n, sizeof *from);
-	if (!to || !from) return fail(rt, "out of memory");
-	for (size_t i = 0; i < n; i++) to[i] = rt->peers[i].sum_to;
+	if (!to || !from)
+		return fail(rt, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		to[i] = rt->peers[i].sum_to;
 	MPI_Alltoall(to, 1, MPI_UINT64_T, from, 1, MPI_UINT64_T, MPI_COMM_WORLD);
 	for (size_t i = 0; i < n; i++)
-		if (i != (size_t)rt->rank && from[i] != rt->peers[i].sum_from) rt->st.pair_sum_mismatch++;
+		if (i != (size_t)rt->rank && from[i] != rt->peers[i].sum_from)
+			rt->st.pair_sum_mismatch++;
 	free(to);
 	free(from);
 	*st = rt->st;
@@ -1008,30 +1163,46 @@ int rt_finish(struct rt *rt, struct rt_stats *st)
 
 void rt_close(struct rt *rt)
 {
-	if (!rt) return;
-	if (rt->br) compcntr_fi_bridge_close(rt->br);
-	if (rt->ep) fi_close(&rt->ep->fid);
-	struct fid_mr *mrs[] = {rt->smr, rt->rmr, rt->wmr, rt->srcmr};
+	if (!rt)
+		return;
+	if (rt->br)
+		compcntr_fi_bridge_close(rt->br);
+	if (rt->ep)
+		fi_close(&rt->ep->fid);
+	struct fid_mr *mrs[] = { rt->smr, rt->rmr, rt->wmr, rt->srcmr };
 	for (size_t i = 0; i < sizeof mrs / sizeof mrs[0]; i++)
-		if (mrs[i]) fi_close(&mrs[i]->fid);
-	struct fid_cntr *cs[] = {rt->pv_send, rt->pv_recv, rt->pv_write};
+		if (mrs[i])
+			fi_close(&mrs[i]->fid);
+	struct fid_cntr *cs[] = { rt->pv_send, rt->pv_recv, rt->pv_write };
 	for (size_t i = 0; i < 3; i++)
-		if (cs[i]) fi_close(&cs[i]->fid);
-	if (rt->txcq) fi_close(&rt->txcq->fid);
-	if (rt->rxcq) fi_close(&rt->rxcq->fid);
-	if (rt->av) fi_close(&rt->av->fid);
-	if (rt->domain) fi_close(&rt->domain->fid);
-	if (rt->fabric) fi_close(&rt->fabric->fid);
-	if (rt->info) fi_freeinfo(rt->info);
-	if (rt->tr) compcntr_tracker_destroy(rt->tr);
-	if (rt->cr) compcntr_credits_destroy(rt->cr);
-	struct compcntr_comp_cntr *ccs[] = {rt->cc_sends, rt->cc_writes, rt->cc_recvs};
+		if (cs[i])
+			fi_close(&cs[i]->fid);
+	if (rt->txcq)
+		fi_close(&rt->txcq->fid);
+	if (rt->rxcq)
+		fi_close(&rt->rxcq->fid);
+	if (rt->av)
+		fi_close(&rt->av->fid);
+	if (rt->domain)
+		fi_close(&rt->domain->fid);
+	if (rt->fabric)
+		fi_close(&rt->fabric->fid);
+	if (rt->info)
+		fi_freeinfo(rt->info);
+	if (rt->tr)
+		compcntr_tracker_destroy(rt->tr);
+	if (rt->cr)
+		compcntr_credits_destroy(rt->cr);
+	struct compcntr_comp_cntr *ccs[] = { rt->cc_sends, rt->cc_writes, rt->cc_recvs };
 	for (size_t i = 0; i < 3; i++)
-		if (ccs[i]) compcntr_destroy_comp_cntr(ccs[i]);
+		if (ccs[i])
+			compcntr_destroy_comp_cntr(ccs[i]);
 	if (rt->cc_credit)
 		for (int i = 0; i < rt->size; i++)
-			if (rt->cc_credit[i]) compcntr_destroy_comp_cntr(rt->cc_credit[i]);
-	if (rt->dev) compcntr_close_device(rt->dev);
+			if (rt->cc_credit[i])
+				compcntr_destroy_comp_cntr(rt->cc_credit[i]);
+	if (rt->dev)
+		compcntr_close_device(rt->dev);
 	if (rt->peers)
 		for (int i = 0; i < rt->size; i++) {
 			struct peer *p = &rt->peers[i];
@@ -1054,45 +1225,65 @@ void rt_close(struct rt *rt)
 
 /* ---- benchmark helpers ------------------------------------------------------------------ */
 
-const char *rt_provider(const struct rt *rt) { return rt->info->fabric_attr->prov_name; }
-int rt_rank(const struct rt *rt) { return rt->rank; }
-const struct rt_opts *rt_opts_of(const struct rt *rt) { return &rt->o; }
-int rt_size(const struct rt *rt) { return rt->size; }
+const char *rt_provider(const struct rt *rt)
+{
+	return rt->info->fabric_attr->prov_name;
+}
+int rt_rank(const struct rt *rt)
+{
+	return rt->rank;
+}
+const struct rt_opts *rt_opts_of(const struct rt *rt)
+{
+	return &rt->o;
+}
+int rt_size(const struct rt *rt)
+{
+	return rt->size;
+}
 
 double rt_one_write(struct rt *rt, int peer, int cc)
 {
 	const uint64_t j = rt->writes_posted % (rt->o.writes ? rt->o.writes : 1);
 	const uint64_t target = fi_cntr_read(rt->pv_write) + 1;
 	const double t0 = now_s();
-	if (post_write(rt, peer, j)) return -1;
+	if (post_write(rt, peer, j))
+		return -1;
 	if (cc) {
-		if (compcntr_tracker_quiet_ex(rt->tr, rt->o.timeout_ms, &rt->wa_tx)) return -1;
+		if (compcntr_tracker_quiet_ex(rt->tr, rt->o.timeout_ms, &rt->wa_tx))
+			return -1;
 	} else {
 		const int r = fi_cntr_wait(rt->pv_write, target, rt->o.timeout_ms);
-		if (r) return fail(rt, "fi_cntr_wait(write counter): %s", fi_strerror(-r)), -1.0;
+		if (r)
+			return fail(rt, "fi_cntr_wait(write counter): %s", fi_strerror(-r)), -1.0;
 	}
 	const double dt = now_s() - t0;
 	if (!cc) {
 		/* The provider counter was waited on; the CQ entry is still queued: drain it (not
 		 * timed) so the bridge's count and the tracker stay in step. */
-		if (compcntr_tracker_quiet_ex(rt->tr, rt->o.timeout_ms, &rt->wa)) return -1;
+		if (compcntr_tracker_quiet_ex(rt->tr, rt->o.timeout_ms, &rt->wa))
+			return -1;
 	}
 	return dt;
 }
 
 /* ---- the report ------------------------------------------------------------------------- */
 
-static const char *verdict(int ok) { return ok ? "PASS" : "FAIL"; }
+static const char *verdict(int ok)
+{
+	return ok ? "PASS" : "FAIL";
+}
 
 int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, double wall)
 {
 	const uint64_t per_pair = o->msgs;
 	const uint64_t expected = per_pair * (uint64_t)nranks * (uint64_t)(nranks - 1);
-	printf("\n  %-4s %9s %9s %8s %9s %8s %6s %6s %19s %19s %15s %6s %9s\n", "rank", "sent", "received",
-	       "window", "inflight", "credits", "waits", "quiets", "sends cc/provider", "recvs cc/provider",
-	       "writes cc/prov", "errors", "msg/s");
-	uint64_t sent = 0, received = 0, bad = 0, dup = 0, missing = 0, credit_viol = 0, inflight_viol = 0,
-		 errors = 0, mismatch_counts = 0, window_bad = 0, writes = 0, quiet_eio = 0, sums = 0, ooo = 0;
+	printf("\n  %-4s %9s %9s %8s %9s %8s %6s %6s %19s %19s %15s %6s %9s\n", "rank", "sent",
+	       "received", "window", "inflight", "credits", "waits", "quiets", "sends cc/provider",
+	       "recvs cc/provider", "writes cc/prov", "errors", "msg/s");
+	uint64_t sent = 0, received = 0, bad = 0, dup = 0, missing = 0, credit_viol = 0,
+	         inflight_viol = 0, errors = 0, mismatch_counts = 0, window_bad = 0, writes = 0,
+	         quiet_eio = 0, sums = 0, ooo = 0;
 	uint64_t max_inflight = 0, max_window = 0;
 	for (int r = 0; r < nranks; r++) {
 		const struct rt_stats *s = &all[r];
@@ -1100,11 +1291,13 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 		snprintf(sends, sizeof sends, "%" PRIu64 "/%" PRIu64, s->cc_sends, s->pv_sends);
 		snprintf(recvs, sizeof recvs, "%" PRIu64 "/%" PRIu64, s->cc_recvs, s->pv_recvs);
 		snprintf(wr, sizeof wr, "%" PRIu64 "/%" PRIu64, s->cc_writes, s->pv_writes);
-		snprintf(infl, sizeof infl, "%" PRIu64 "/%" PRIu64, s->max_inflight, s->max_inflight_window);
-		printf("  %-4d %9" PRIu64 " %9" PRIu64 " %8u %9s %8" PRIu64 " %6" PRIu64 " %6" PRIu64 " %19s %19s %15s %6" PRIu64
-		       " %9.0f\n",
-		       s->rank, s->sent, s->received, s->my_window, infl, s->credits_returned, s->acquire_waits, s->quiets,
-		       sends, recvs, wr, s->cc_errors + s->pv_errors + s->rx_errors,
+		snprintf(infl, sizeof infl, "%" PRIu64 "/%" PRIu64, s->max_inflight,
+		         s->max_inflight_window);
+		printf("  %-4d %9" PRIu64 " %9" PRIu64 " %8u %9s %8" PRIu64 " %6" PRIu64
+		       " %6" PRIu64 " %19s %19s %15s %6" PRIu64 " %9.0f\n",
+		       s->rank, s->sent, s->received, s->my_window, infl, s->credits_returned,
+		       s->acquire_waits, s->quiets, sends, recvs, wr,
+		       s->cc_errors + s->pv_errors + s->rx_errors,
 		       s->msg_seconds > 0 ? (double)s->sent / s->msg_seconds : 0.0);
 		sent += s->sent;
 		received += s->received;
@@ -1116,7 +1309,7 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 		inflight_viol += s->inflight_violations;
 		errors += s->cc_errors + s->pv_errors + s->rx_errors + s->tx_errors;
 		mismatch_counts += (s->cc_sends != s->pv_sends) + (s->cc_recvs != s->pv_recvs) +
-				   (s->cc_writes != s->pv_writes) + (s->cc_errors != s->pv_errors);
+		                   (s->cc_writes != s->pv_writes) + (s->cc_errors != s->pv_errors);
 		window_bad += s->window_bad;
 		writes += s->writes;
 		quiet_eio += s->quiet_eio;
@@ -1126,43 +1319,54 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 			max_window = s->max_inflight_window;
 		}
 	}
-	printf("  (window: receive buffers the rank keeps posted per source; inflight: most messages a rank had\n"
-	       "   in flight to one peer, / that peer's window; credits: credits the rank returned; waits:\n"
-	       "   acquires that had to wait for credits; cc: compcntr's counters; provider: libfabric's fid_cntr)\n\n");
+	printf("  (window: receive buffers the rank keeps posted per source; inflight: most "
+	       "messages a rank had\n"
+	       "   in flight to one peer, / that peer's window; credits: credits the rank "
+	       "returned; waits:\n"
+	       "   acquires that had to wait for credits; cc: compcntr's counters; provider: "
+	       "libfabric's fid_cntr)\n\n");
 	int ok = 1, c;
-	c = sent == expected && received == expected && bad == 0 && dup == 0 && missing == 0 && sums == 0;
+	c = sent == expected && received == expected && bad == 0 && dup == 0 && missing == 0 &&
+	    sums == 0;
 	ok &= c;
-	printf("  check: every message delivered exactly once with the right payload (%" PRIu64 " of %" PRIu64
-	       ", bad %" PRIu64 ", duplicates %" PRIu64 ", missing %" PRIu64 ", checksum sums differing %" PRIu64
-	       ", out of order %" PRIu64 ")  %s\n",
+	printf("  check: every message delivered exactly once with the right payload (%" PRIu64
+	       " of %" PRIu64 ", bad %" PRIu64 ", duplicates %" PRIu64 ", missing %" PRIu64
+	       ", checksum sums differing %" PRIu64 ", out of order %" PRIu64 ")  %s\n",
 	       received, expected, bad, dup, missing, sums, ooo, verdict(c));
 	c = errors == 0 && (!o->flow || credit_viol == 0);
 	ok &= c;
 	if (o->flow)
-		printf("  check: no receive found no posted buffer (every message had a credit for a buffer posted "
-		       "before it was sent: violations %" PRIu64 "; truncation / error completions %" PRIu64 ")  %s\n",
+		printf("  check: no receive found no posted buffer (every message had a credit for "
+		       "a buffer posted "
+		       "before it was sent: violations %" PRIu64
+		       "; truncation / error completions %" PRIu64 ")  %s\n",
 		       credit_viol, errors, verdict(c));
 	else
-		printf("  check: no error completions (%" PRIu64 "; without flow control messages that found no "
-		       "posted buffer waited in the provider's unexpected queue)  %s\n", errors, verdict(c));
+		printf("  check: no error completions (%" PRIu64
+		       "; without flow control messages that found no "
+		       "posted buffer waited in the provider's unexpected queue)  %s\n",
+		       errors, verdict(c));
 	if (o->flow) {
 		c = inflight_viol == 0 && max_inflight <= max_window && max_inflight > 0;
 		ok &= c;
-		printf("  check: in flight never above the window (most in flight %" PRIu64 " of window %" PRIu64
-		       ", sends above it %" PRIu64 ")  %s\n",
+		printf("  check: in flight never above the window (most in flight %" PRIu64
+		       " of window %" PRIu64 ", sends above it %" PRIu64 ")  %s\n",
 		       max_inflight, max_window, inflight_viol, verdict(c));
 	}
 	c = mismatch_counts == 0;
 	ok &= c;
-	printf("  check: compcntr's counts equal the provider's own counters (sends, receives, RMA writes, "
+	printf("  check: compcntr's counts equal the provider's own counters (sends, receives, RMA "
+	       "writes, "
 	       "errors on every rank: %" PRIu64 " differ)  %s\n",
 	       mismatch_counts, verdict(c));
-	c = writes == o->writes * (uint64_t)nranks * (uint64_t)(nranks - 1) && window_bad == 0 && quiet_eio == 0;
+	c = writes == o->writes * (uint64_t)nranks * (uint64_t)(nranks - 1) && window_bad == 0 &&
+	    quiet_eio == 0;
 	ok &= c;
-	printf("  check: RMA writes finished by quiet() and landed (%" PRIu64 " writes, window bytes wrong %" PRIu64
-	       ", quiet EIO %" PRIu64 ")  %s\n",
+	printf("  check: RMA writes finished by quiet() and landed (%" PRIu64
+	       " writes, window bytes wrong %" PRIu64 ", quiet EIO %" PRIu64 ")  %s\n",
 	       writes, window_bad, quiet_eio, verdict(c));
-	printf("  %d ranks, %" PRIu64 " messages of %u B per pair, %" PRIu64 " RMA writes of %u B per pair, %.2f s\n",
+	printf("  %d ranks, %" PRIu64 " messages of %u B per pair, %" PRIu64
+	       " RMA writes of %u B per pair, %.2f s\n",
 	       nranks, o->msgs, o->size, o->writes, o->wsize, wall);
 	printf("runtime: %s\n", ok ? "all checks passed" : "FAILED");
 	fflush(stdout);

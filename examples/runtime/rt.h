@@ -33,20 +33,20 @@ struct rt_opts {
 	uint32_t window;        /* receive buffers each rank keeps posted per source */
 	int vary_windows;       /* odd ranks post window + window / 2 (per-peer windows) */
 	uint32_t batch;         /* credits returned per credit message (0: window / 4, >= 1) */
-	int flow;               /* 1: credit flow control; 0: none (the reference: senders never wait) */
-	uint64_t writes;        /* RMA writes to every other rank */
-	uint32_t wsize;         /* bytes per RMA write */
-	uint32_t rma_batch;     /* writes per peer between two quiets */
-	int timeout_ms;         /* bound of every wait; expiry aborts the job */
-	int live;               /* rank 0 prints a one-line live progress display */
-	int spin_us;            /* hot-poll time of waits before backing off (default 50; < 0: never
+	int flow; /* 1: credit flow control; 0: none (the reference: senders never wait) */
+	uint64_t writes; /* RMA writes to every other rank */
+	uint32_t wsize; /* bytes per RMA write */
+	uint32_t rma_batch; /* writes per peer between two quiets */
+	int timeout_ms; /* bound of every wait; expiry aborts the job */
+	int live; /* rank 0 prints a one-line live progress display */
+	int spin_us; /* hot-poll time of waits before backing off (default 50; < 0: never
 	                         * sleep, poll the network like an MPI progress loop) */
-	int interval_us;        /* longest sleep between progress calls in a wait (default 100) */
-	int fail_rank;          /* -1: none; else this rank fails after fail_at messages */
-	int fail_mode;          /* enum rt_fail_mode */
+	int interval_us; /* longest sleep between progress calls in a wait (default 100) */
+	int fail_rank; /* -1: none; else this rank fails after fail_at messages */
+	int fail_mode; /* enum rt_fail_mode */
 	uint64_t fail_at;
-	int quiet_output;       /* no per-phase messages (bench) */
-	int watchdog_s;         /* > 0: this rank's progress re-arms alarm(watchdog_s), so SIGALRM
+	int quiet_output; /* no per-phase messages (bench) */
+	int watchdog_s; /* > 0: this rank's progress re-arms alarm(watchdog_s), so SIGALRM
 	                         * comes only after that long outside the engine's bounded waits
 	                         * (blocked in MPI on a hung peer, stopped); 0: no alarm (bench) */
 };
@@ -56,38 +56,39 @@ void rt_default_opts(struct rt_opts *o);
 /* The header of every data message. */
 struct rt_msg_hdr {
 	uint32_t src, dst;
-	uint64_t seq;          /* 0.. msgs-1, per (src, dst) */
+	uint64_t seq; /* 0.. msgs-1, per (src, dst) */
 	uint64_t credits_seen; /* credits the sender had received from dst when it sent this */
-	uint64_t sum;          /* checksum of the header fields above and the payload */
+	uint64_t sum; /* checksum of the header fields above and the payload */
 };
 
 /* What one rank measured and checked (gathered to rank 0; plain data). */
 struct rt_stats {
 	int32_t rank;
-	uint32_t my_window;          /* buffers posted per source by this rank */
-	uint64_t sent, received;     /* data messages */
+	uint32_t my_window; /* buffers posted per source by this rank */
+	uint64_t sent, received; /* data messages */
 	uint64_t credit_msgs_sent, credits_returned, credits_got;
-	uint64_t max_inflight;       /* largest issued - returned seen right after an acquire */
-	uint64_t max_inflight_window;/* the window of the peer where max_inflight was seen */
-	uint64_t inflight_violations;/* sends with issued - returned above the peer's window */
-	uint64_t acquire_waits;      /* acquires that had to wait */
+	uint64_t max_inflight; /* largest issued - returned seen right after an acquire */
+	uint64_t max_inflight_window; /* the window of the peer where max_inflight was seen */
+	uint64_t inflight_violations; /* sends with issued - returned above the peer's window */
+	uint64_t acquire_waits; /* acquires that had to wait */
 	double acquire_wait_seconds; /* time they waited */
 	uint64_t bad_payload, duplicates, missing, out_of_order;
-	uint64_t credit_violations;  /* messages the sender had no credit for (seq >= window + seen) */
-	uint64_t rx_errors, tx_errors;   /* error completions (truncation, ...) */
+	uint64_t
+	        credit_violations; /* messages the sender had no credit for (seq >= window + seen) */
+	uint64_t rx_errors, tx_errors; /* error completions (truncation, ...) */
 	uint64_t writes, quiets, quiet_eio;
-	uint64_t window_bad;         /* bytes of this rank's RMA window that did not match */
+	uint64_t window_bad; /* bytes of this rank's RMA window that did not match */
 	uint64_t cc_sends, pv_sends, cc_recvs, pv_recvs, cc_writes, pv_writes;
 	uint64_t cc_errors, pv_errors;
-	uint64_t pair_sum_mismatch;  /* sources whose checksum sum differs from what they sent */
-	double msg_seconds;          /* wall time of the messaging phase */
-	double msg_cpu_seconds;      /* CPU time of this rank's thread in it (all libfabric work
+	uint64_t pair_sum_mismatch; /* sources whose checksum sum differs from what they sent */
+	double msg_seconds; /* wall time of the messaging phase */
+	double msg_cpu_seconds; /* CPU time of this rank's thread in it (all libfabric work
 	                              * runs there: manual progress) */
 	double rma_seconds;
-	double quiet_us_max;         /* longest single quiet */
+	double quiet_us_max; /* longest single quiet */
 };
 
-struct rt;  /* opaque engine */
+struct rt; /* opaque engine */
 
 /* Opens the endpoint and everything around it; exchanges addresses with MPI_Allgather. On
  * failure prints the reason and returns NULL (the caller aborts the job). MPI must be

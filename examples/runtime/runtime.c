@@ -23,34 +23,42 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: mpirun -np N compcntr_runtime [options]\n"
-		"  --provider NAME    libfabric provider (default tcp;ofi_rxm)\n"
-		"  --addr IP          local address to bind (FI_SOURCE); default: the provider's choice\n"
-		"  --iface NAME       network interface for the tcp/sockets providers (FI_TCP_IFACE)\n"
-		"  --msgs N           messages from every rank to every other rank (default 20000)\n"
-		"  --size B           bytes per message (default 64, at least 32)\n"
-		"  --window W         receive buffers each rank posts per source (default 16)\n"
-		"  --vary-windows     odd ranks post W + W/2 buffers (per-peer windows)\n"
-		"  --batch B          credits per credit message (default W/4)\n"
-		"  --no-flow          no flow control (reference): senders do not wait for credits\n"
-		"  --writes N         RMA writes to every other rank (default 256)\n"
-		"  --wsize B          bytes per RMA write (default 64)\n"
-		"  --rma-batch N      writes per peer between two quiets (default 32)\n"
-		"  --timeout-ms T     bound of every wait (default 20000); expiry aborts the job\n"
-		"  --live             rank 0 shows a live one-line progress display\n"
-		"  --spin-us U        hot-poll time of waits (default 50)\n"
-		"  --interval-us U    longest sleep between progress calls in a wait (default 100)\n"
-		"  --watchdog-s S     end a rank after S s without progress (default 4 timeouts + 10 s)\n"
-		"  --fail-rank R --fail-at K --fail-mode exit|hang\n"
-		"                     rank R fails after K messages (to check that the job fails fast)\n");
+	        "usage: mpirun -np N compcntr_runtime [options]\n"
+	        "  --provider NAME    libfabric provider (default tcp;ofi_rxm)\n"
+	        "  --addr IP          local address to bind (FI_SOURCE); default: the provider's "
+	        "choice\n"
+	        "  --iface NAME       network interface for the tcp/sockets providers "
+	        "(FI_TCP_IFACE)\n"
+	        "  --msgs N           messages from every rank to every other rank (default "
+	        "20000)\n"
+	        "  --size B           bytes per message (default 64, at least 32)\n"
+	        "  --window W         receive buffers each rank posts per source (default 16)\n"
+	        "  --vary-windows     odd ranks post W + W/2 buffers (per-peer windows)\n"
+	        "  --batch B          credits per credit message (default W/4)\n"
+	        "  --no-flow          no flow control (reference): senders do not wait for "
+	        "credits\n"
+	        "  --writes N         RMA writes to every other rank (default 256)\n"
+	        "  --wsize B          bytes per RMA write (default 64)\n"
+	        "  --rma-batch N      writes per peer between two quiets (default 32)\n"
+	        "  --timeout-ms T     bound of every wait (default 20000); expiry aborts the job\n"
+	        "  --live             rank 0 shows a live one-line progress display\n"
+	        "  --spin-us U        hot-poll time of waits (default 50)\n"
+	        "  --interval-us U    longest sleep between progress calls in a wait (default "
+	        "100)\n"
+	        "  --watchdog-s S     end a rank after S s without progress (default 4 timeouts + "
+	        "10 s)\n"
+	        "  --fail-rank R --fail-at K --fail-mode exit|hang\n"
+	        "                     rank R fails after K messages (to check that the job fails "
+	        "fast)\n");
 }
 
 static int rank_for_alarm;
 static void on_alarm(int sig)
 {
 	(void)sig;
-	static const char msg[] = "runtime: watchdog: no progress for --watchdog-s seconds (stuck outside "
-				  "the bounded waits, e.g. in MPI on a hung peer); exiting\n";
+	static const char msg[] =
+	        "runtime: watchdog: no progress for --watchdog-s seconds (stuck outside "
+	        "the bounded waits, e.g. in MPI on a hung peer); exiting\n";
 	ssize_t w = write(2, msg, sizeof msg - 1);
 	(void)w;
 	_exit(4);
@@ -68,44 +76,85 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define VAL()                                                                             \
-	do {                                                                              \
-		if (!v) {                                                                 \
-			if (rank == 0) fprintf(stderr, "compcntr_runtime: %s needs a value\n", a); \
-			MPI_Finalize();                                                   \
-			return 2;                                                         \
-		}                                                                         \
-		i++;                                                                      \
+#define VAL()                                                                                      \
+	do {                                                                                       \
+		if (!v) {                                                                          \
+			if (rank == 0)                                                             \
+				fprintf(stderr, "compcntr_runtime: %s needs a value\n", a);        \
+			MPI_Finalize();                                                            \
+			return 2;                                                                  \
+		}                                                                                  \
+		i++;                                                                               \
 	} while (0)
-		if (!strcmp(a, "--provider")) { VAL(); o.provider = v; }
-		else if (!strcmp(a, "--addr")) { VAL(); o.addr = v; }
-		else if (!strcmp(a, "--iface")) { VAL(); o.iface = v; }
-		else if (!strcmp(a, "--msgs")) { VAL(); o.msgs = strtoull(v, NULL, 0); }
-		else if (!strcmp(a, "--size")) { VAL(); o.size = (uint32_t)strtoul(v, NULL, 0); }
-		else if (!strcmp(a, "--window")) { VAL(); o.window = (uint32_t)strtoul(v, NULL, 0); }
-		else if (!strcmp(a, "--vary-windows")) o.vary_windows = 1;
-		else if (!strcmp(a, "--batch")) { VAL(); o.batch = (uint32_t)strtoul(v, NULL, 0); }
-		else if (!strcmp(a, "--no-flow")) o.flow = 0;
-		else if (!strcmp(a, "--writes")) { VAL(); o.writes = strtoull(v, NULL, 0); }
-		else if (!strcmp(a, "--wsize")) { VAL(); o.wsize = (uint32_t)strtoul(v, NULL, 0); }
-		else if (!strcmp(a, "--rma-batch")) { VAL(); o.rma_batch = (uint32_t)strtoul(v, NULL, 0); }
-		else if (!strcmp(a, "--timeout-ms")) { VAL(); o.timeout_ms = atoi(v); }
-		else if (!strcmp(a, "--live")) o.live = 1;
-		else if (!strcmp(a, "--spin-us")) { VAL(); o.spin_us = atoi(v); }
-		else if (!strcmp(a, "--interval-us")) { VAL(); o.interval_us = atoi(v); }
-		else if (!strcmp(a, "--watchdog-s")) { VAL(); o.watchdog_s = atoi(v); }
-		else if (!strcmp(a, "--fail-rank")) { VAL(); o.fail_rank = atoi(v); }
-		else if (!strcmp(a, "--fail-at")) { VAL(); o.fail_at = strtoull(v, NULL, 0); }
-		else if (!strcmp(a, "--fail-mode")) {
+		if (!strcmp(a, "--provider")) {
 			VAL();
-			o.fail_mode = !strcmp(v, "exit") ? RT_FAIL_EXIT : !strcmp(v, "hang") ? RT_FAIL_HANG : -1;
+			o.provider = v;
+		} else if (!strcmp(a, "--addr")) {
+			VAL();
+			o.addr = v;
+		} else if (!strcmp(a, "--iface")) {
+			VAL();
+			o.iface = v;
+		} else if (!strcmp(a, "--msgs")) {
+			VAL();
+			o.msgs = strtoull(v, NULL, 0);
+		} else if (!strcmp(a, "--size")) {
+			VAL();
+			o.size = (uint32_t)strtoul(v, NULL, 0);
+		} else if (!strcmp(a, "--window")) {
+			VAL();
+			o.window = (uint32_t)strtoul(v, NULL, 0);
+		} else if (!strcmp(a, "--vary-windows"))
+			o.vary_windows = 1;
+		else if (!strcmp(a, "--batch")) {
+			VAL();
+			o.batch = (uint32_t)strtoul(v, NULL, 0);
+		} else if (!strcmp(a, "--no-flow"))
+			o.flow = 0;
+		else if (!strcmp(a, "--writes")) {
+			VAL();
+			o.writes = strtoull(v, NULL, 0);
+		} else if (!strcmp(a, "--wsize")) {
+			VAL();
+			o.wsize = (uint32_t)strtoul(v, NULL, 0);
+		} else if (!strcmp(a, "--rma-batch")) {
+			VAL();
+			o.rma_batch = (uint32_t)strtoul(v, NULL, 0);
+		} else if (!strcmp(a, "--timeout-ms")) {
+			VAL();
+			o.timeout_ms = atoi(v);
+		} else if (!strcmp(a, "--live"))
+			o.live = 1;
+		else if (!strcmp(a, "--spin-us")) {
+			VAL();
+			o.spin_us = atoi(v);
+		} else if (!strcmp(a, "--interval-us")) {
+			VAL();
+			o.interval_us = atoi(v);
+		} else if (!strcmp(a, "--watchdog-s")) {
+			VAL();
+			o.watchdog_s = atoi(v);
+		} else if (!strcmp(a, "--fail-rank")) {
+			VAL();
+			o.fail_rank = atoi(v);
+		} else if (!strcmp(a, "--fail-at")) {
+			VAL();
+			o.fail_at = strtoull(v, NULL, 0);
+		} else if (!strcmp(a, "--fail-mode")) {
+			VAL();
+			o.fail_mode = !strcmp(v, "exit")   ? RT_FAIL_EXIT
+			              : !strcmp(v, "hang") ? RT_FAIL_HANG
+			                                   : -1;
 			if (o.fail_mode < 0) {
-				if (rank == 0) fprintf(stderr, "compcntr_runtime: --fail-mode exit|hang\n");
+				if (rank == 0)
+					fprintf(stderr,
+					        "compcntr_runtime: --fail-mode exit|hang\n");
 				MPI_Finalize();
 				return 2;
 			}
 		} else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-			if (rank == 0) usage(stdout);
+			if (rank == 0)
+				usage(stdout);
 			MPI_Finalize();
 			return 0;
 		} else {
@@ -118,43 +167,62 @@ int main(int argc, char **argv)
 		}
 	}
 	if (size < 2) {
-		if (rank == 0) fprintf(stderr, "compcntr_runtime: needs at least 2 ranks (mpirun -np 2 ...)\n");
+		if (rank == 0)
+			fprintf(stderr,
+			        "compcntr_runtime: needs at least 2 ranks (mpirun -np 2 ...)\n");
 		MPI_Finalize();
 		return 2;
 	}
-	if (o.fail_rank >= 0 && o.fail_mode == RT_FAIL_NONE) o.fail_mode = RT_FAIL_EXIT;
+	if (o.fail_rank >= 0 && o.fail_mode == RT_FAIL_NONE)
+		o.fail_mode = RT_FAIL_EXIT;
 	/* Watchdog: every wait is bounded by timeout_ms and drives progress, which re-arms the
 	 * alarm (rt.c, watchdog_pet); a rank that spends a few timeouts without progress (blocked
 	 * in MPI on a hung peer, stopped) ends. A long healthy run is never cut short. */
-	if (o.watchdog_s <= 0) o.watchdog_s = 4 * (o.timeout_ms / 1000 + 1) + 10;
+	if (o.watchdog_s <= 0)
+		o.watchdog_s = 4 * (o.timeout_ms / 1000 + 1) + 10;
 	signal(SIGALRM, on_alarm);
 	alarm((unsigned)o.watchdog_s);
 
 	const double t0 = MPI_Wtime();
 	struct rt *rt = rt_open(&o);
-	if (!rt) MPI_Abort(MPI_COMM_WORLD, 2);
+	if (!rt)
+		MPI_Abort(MPI_COMM_WORLD, 2);
 	if (rank == 0) {
-		printf("compcntr runtime example: %d ranks over libfabric %s, %s\n", size, rt_provider(rt),
-		       o.flow ? "credit flow control (compcntr_credits, credits returned by the receivers)"
-			      : "no flow control (senders never wait; receivers repost --window buffers)");
+		printf("compcntr runtime example: %d ranks over libfabric %s, %s\n", size,
+		       rt_provider(rt),
+		       o.flow ? "credit flow control (compcntr_credits, credits returned by the "
+		                "receivers)"
+		              : "no flow control (senders never wait; receivers repost --window "
+		                "buffers)");
 		const struct rt_opts *eo = rt_opts_of(rt);
-		printf("  each rank sends %llu messages of %u B to every other rank; receivers keep %u%s buffers "
-		       "posted per source%s;\n  then %llu RMA writes to every other rank, %u per peer between two "
+		printf("  each rank sends %llu messages of %u B to every other rank; receivers "
+		       "keep %u%s buffers "
+		       "posted per source%s;\n  then %llu RMA writes to every other rank, %u per "
+		       "peer between two "
 		       "compcntr_tracker_quiet calls\n",
-		       (unsigned long long)eo->msgs, eo->size, eo->window, eo->vary_windows ? " (odd ranks 1.5x)" : "",
-		       eo->flow ? " and return credits in batches (zero-byte messages whose CQ data is the count)" : "",
+		       (unsigned long long)eo->msgs, eo->size, eo->window,
+		       eo->vary_windows ? " (odd ranks 1.5x)" : "",
+		       eo->flow ? " and return credits in batches (zero-byte messages whose CQ "
+		                  "data is the count)"
+		                : "",
 		       (unsigned long long)eo->writes, eo->rma_batch);
 		fflush(stdout);
 	}
-	if (rt_messages(rt) || rt_rma(rt)) MPI_Abort(MPI_COMM_WORLD, 2);
+	if (rt_messages(rt) || rt_rma(rt))
+		MPI_Abort(MPI_COMM_WORLD, 2);
 	struct rt_stats st;
-	if (rt_finish(rt, &st)) MPI_Abort(MPI_COMM_WORLD, 2);
+	if (rt_finish(rt, &st))
+		MPI_Abort(MPI_COMM_WORLD, 2);
 	const double wall = MPI_Wtime() - t0;
 	struct rt_stats *all = rank == 0 ? calloc((size_t)size, sizeof *all) : NULL;
 	MPI_Gather(&st, sizeof st, MPI_BYTE, all, sizeof st, MPI_BYTE, 0, MPI_COMM_WORLD);
 	int rc = 0;
-	if (rank == 0) rc = rt_report(rt_opts_of(rt), all, size, wall);
-	if (getenv("RT_DEBUG")) fprintf(stderr, "rank %d: %llu waits, %.3f s waiting, msg phase %.3f s\n", rank, (unsigned long long)st.acquire_waits, st.acquire_wait_seconds, st.msg_seconds);
+	if (rank == 0)
+		rc = rt_report(rt_opts_of(rt), all, size, wall);
+	if (getenv("RT_DEBUG"))
+		fprintf(stderr, "rank %d: %llu waits, %.3f s waiting, msg phase %.3f s\n", rank,
+		        (unsigned long long)st.acquire_waits, st.acquire_wait_seconds,
+		        st.msg_seconds);
 	MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
 	free(all);
 	rt_close(rt);

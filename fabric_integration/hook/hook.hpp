@@ -57,21 +57,21 @@ struct config {
   /// 13 us per round trip; the spinner holds a CPU its peer process or another runnable task
   /// needs). (shm refuses wait sets: its waits take compcntr's wait, spinning wait_spin_ns.)
   std::int64_t fd_wait_spin_ns = 0;
-  std::uint32_t progress_idle_us = 1000;  ///< COMPCNTR_FI_PROGRESS_IDLE_US: progress thread's
-                                          ///< sleep between rounds once idle for 10 ms
-  std::string stats_path;             ///< COMPCNTR_FI_HOOK_STATS
+  std::uint32_t progress_idle_us = 1000; ///< COMPCNTR_FI_PROGRESS_IDLE_US: progress thread's
+      ///< sleep between rounds once idle for 10 ms
+  std::string stats_path; ///< COMPCNTR_FI_HOOK_STATS
 };
 const config& cfg() noexcept;
 
 /// Process-wide statistics (the COMPCNTR_FI_HOOK_STATS line). Relaxed RMWs, off the hot paths;
 /// per-read counts live in each counter and are summed when it closes.
 struct statistics {
-  std::atomic<std::uint64_t> fabrics{0}, domains{0}, cntr_open{0}, cntr_served{0}, cntr_open_refused{0},
-      cntr_bound{0}, cntr_closed{0}, reads{0}, readerrs{0}, waits{0}, trywaits{0},
-      triggers_translated{0}, work_translated{0}, fd_waits{0};
+  std::atomic<std::uint64_t> fabrics{0}, domains{0}, cntr_open{0}, cntr_served{0},
+      cntr_open_refused{0}, cntr_bound{0}, cntr_closed{0}, reads{0}, readerrs{0}, waits{0},
+      trywaits{0}, triggers_translated{0}, work_translated{0}, fd_waits{0};
 };
 statistics& stats() noexcept;
-void write_stats() noexcept;  ///< once per process (cleanup or module destructor)
+void write_stats() noexcept; ///< once per process (cleanup or module destructor)
 
 /// The compcntr device every hook counter lives on ("soft": software counters in the pool).
 compcntr_device* device() noexcept;
@@ -79,26 +79,26 @@ compcntr_device* device() noexcept;
 /// What the hook records about each fabric it was installed on.
 struct fabric_state {
   fid_fabric* fabric = nullptr;
-  const fi_provider* prov = nullptr;  ///< the provider under the hook
+  const fi_provider* prov = nullptr; ///< the provider under the hook
   std::string prov_name;
-  bool sockets = false;  ///< the sockets provider: its counter semantics differ (hook_cntr.cpp)
+  bool sockets = false; ///< the sockets provider: its counter semantics differ (hook_cntr.cpp)
 };
 struct domain_state {
   fid_domain* domain = nullptr;
   fabric_state* fabric = nullptr;
-  const fi_ops_domain* orig = nullptr;  ///< the provider's domain ops (to open hidden counters)
-  bool progress_thread = false;  ///< the progress thread drives this domain's counters (it was
-                                 ///< opened FI_THREAD_SAFE)
-  bool auto_progress = false;    ///< data_progress FI_PROGRESS_AUTO (sockets: the provider's own
-                                 ///< thread moves data; a waiter must not spin against it)
+  const fi_ops_domain* orig = nullptr; ///< the provider's domain ops (to open hidden counters)
+  bool progress_thread = false; ///< the progress thread drives this domain's counters (it was
+      ///< opened FI_THREAD_SAFE)
+  bool auto_progress = false; ///< data_progress FI_PROGRESS_AUTO (sockets: the provider's own
+      ///< thread moves data; a waiter must not spin against it)
 };
 
 fabric_state* find_fabric(fid_fabric* f) noexcept;
 domain_state* find_domain(fid_domain* d) noexcept;
 /// The records (provider.cpp): kept from installation until the object's close succeeds.
-bool add_fabric(std::unique_ptr<fabric_state> fs) noexcept;  ///< false without memory
+bool add_fabric(std::unique_ptr<fabric_state> fs) noexcept; ///< false without memory
 void forget_fabric(fid_fabric* f) noexcept;
-bool add_domain(std::unique_ptr<domain_state> ds) noexcept;  ///< false without memory
+bool add_domain(std::unique_ptr<domain_state> ds) noexcept; ///< false without memory
 void forget_domain(fid_domain* d) noexcept;
 
 // ---- counters (hook_cntr.cpp) ----------------------------------------------------------------
@@ -164,12 +164,12 @@ class control_guard {
   bool held_ = false;
 };
 
-void progress_thread_start() noexcept;  ///< idempotent; only with cfg().progress_thread
-void progress_thread_stop() noexcept;   ///< idempotent; joins
+void progress_thread_start() noexcept; ///< idempotent; only with cfg().progress_thread
+void progress_thread_stop() noexcept; ///< idempotent; joins
 bool progress_thread_running() noexcept;
 /// A stop gave up waiting for the thread (it is blocked in a provider call): it was detached.
 bool progress_thread_abandoned() noexcept;
 
-}  // namespace compcntr_hook
+} // namespace compcntr_hook
 
 #endif

@@ -40,16 +40,16 @@ namespace compcntr_hook {
 
 struct hook_cntr {
   fid_cntr cntr{};                 // first member: fid_cntr* and hook_cntr* convert
-  fid_cntr* hidden = nullptr;      // the provider's counter (nullptr only after a half-failed close)
+  fid_cntr* hidden = nullptr; // the provider's counter (nullptr only after a half-failed close)
   compcntr_comp_cntr* cc = nullptr;
   compcntr_fabric::mirror_core m;
-  int wait_obj = FI_WAIT_NONE;     // as the application asked
-  int wait_rc = 0;                 // the provider's answer to a wait (-FI_ENOSYS for FI_WAIT_NONE
-                                   // util counters), probed at open; 0: waits are served
-  bool sockets = false;            // sockets semantics for -FI_EAVAIL (see cntr_wait)
-  bool thread = false;             // the progress thread drives this counter
-  bool auto_progress = false;      // the provider moves data itself: waits block at once
-  int fd = -1;                     // FI_WAIT_FD: the fd FI_GETWAIT hands out
+  int wait_obj = FI_WAIT_NONE; // as the application asked
+  int wait_rc = 0; // the provider's answer to a wait (-FI_ENOSYS for FI_WAIT_NONE
+      // util counters), probed at open; 0: waits are served
+  bool sockets = false; // sockets semantics for -FI_EAVAIL (see cntr_wait)
+  bool thread = false; // the progress thread drives this counter
+  bool auto_progress = false; // the provider moves data itself: waits block at once
+  int fd = -1; // FI_WAIT_FD: the fd FI_GETWAIT hands out
   // The provider side of blocking (FI_WAIT_FD and FI_WAIT_UNSPEC counters, where the provider
   // lets its counter join an FI_WAIT_FD wait set): the hidden counter is opened on `waitset`,
   // whose fd the provider makes readable when it has work for the counter's endpoints (rxm: the
@@ -58,17 +58,17 @@ struct hook_cntr {
   // counters it is the fd FI_GETWAIT hands out.
   fid_wait* waitset = nullptr;
   int epfd = -1;
-  int wait_fd = -1;                // the wait set's fd (in epfd; a waiter polls it directly)
-  fid_fabric* fabric = nullptr;    // the hooked fabric (fi_trywait on waitset)
-  std::atomic<std::uint64_t> err_at_readerr{0};    // sockets: error value at the last readerr
-  std::atomic<std::uint64_t> seen_v{0}, seen_e{0};  // fi_trywait's last values
+  int wait_fd = -1; // the wait set's fd (in epfd; a waiter polls it directly)
+  fid_fabric* fabric = nullptr; // the hooked fabric (fi_trywait on waitset)
+  std::atomic<std::uint64_t> err_at_readerr{0}; // sockets: error value at the last readerr
+  std::atomic<std::uint64_t> seen_v{0}, seen_e{0}; // fi_trywait's last values
   // Statistics: relaxed load+store (not an RMW: no locked instruction on the read path; under
   // concurrent reads of one counter a count may be lost, the stats line is a proof of use, not
   // an exact tally).
   std::atomic<std::uint64_t> reads{0}, readerrs{0}, waits{0};
-  std::atomic<int> pending{0};  // bindings to endpoints not enabled yet (progress thread waits)
-  std::atomic<int> polled{0};   // poll sets holding the hidden counter (fi_poll: pull_polled)
-  hook_cntr* prev = nullptr;  // the live list (under live_mu)
+  std::atomic<int> pending{0}; // bindings to endpoints not enabled yet (progress thread waits)
+  std::atomic<int> polled{0}; // poll sets holding the hidden counter (fi_poll: pull_polled)
+  hook_cntr* prev = nullptr; // the live list (under live_mu)
   hook_cntr* next = nullptr;
 };
 
@@ -129,8 +129,10 @@ void live_add(hook_cntr* h) noexcept {
 }
 void live_remove(hook_cntr* h) noexcept {
   std::lock_guard lk(live_mu);
-  if (h->prev) h->prev->next = h->next;
-  else live_head = h->next;
+  if (h->prev)
+    h->prev->next = h->next;
+  else
+    live_head = h->next;
   if (h->next) h->next->prev = h->prev;
   h->prev = h->next = nullptr;
 }
@@ -242,7 +244,7 @@ struct spin_then_yield {
   hook_cntr* h;
   std::uint32_t rounds = 0;
 };
-constexpr std::uint32_t k_pure_spin = 64;  // ~1-10 us of shm progress rounds
+constexpr std::uint32_t k_pure_spin = 64; // ~1-10 us of shm progress rounds
 void progress_spin_then_yield(void* ctx) noexcept {
   auto* s = static_cast<spin_then_yield*>(ctx);
   progress_both(s->h);
@@ -316,12 +318,13 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
   // With FI_PROGRESS_AUTO (sockets) the provider's thread moves the data: spinning here would
   // only take a CPU from it (two ping-pong processes and their provider threads on two CPUs), so
   // the waiter blocks on the fds at once; their signal comes with each update.
-  const auto spin_end = start + std::chrono::nanoseconds(h->auto_progress ? 0 : cfg().fd_wait_spin_ns);
+  const auto spin_end =
+      start + std::chrono::nanoseconds(h->auto_progress ? 0 : cfg().fd_wait_spin_ns);
   for (;;) {
     const auto now = clock::now();
     if (now < spin_end) {
       if (const int r = check(); r <= 0) return r;
-      sched_yield();  // the peer process may need this CPU (see fd_wait_spin_ns)
+      sched_yield(); // the peer process may need this CPU (see fd_wait_spin_ns)
       continue;
     }
     // The provider's wait set is reset first, then checked (pulling): provider work after the
@@ -333,20 +336,21 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
     const int armed = arm_provider(h);
     if (const int r = check(); r <= 0) return r;
     if (timeout >= 0 && now >= deadline) return -FI_ETIMEDOUT;
-    if (armed == -FI_EAGAIN) continue;  // work pending: progress again, no sleep
+    if (armed == -FI_EAGAIN) continue; // work pending: progress again, no sleep
     if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
     if (value_of(h) >= threshold) return 0;
     if (errors_of(h) != err0) return -FI_EAVAIL;
     std::int64_t ms = 10;
     if (timeout >= 0) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
       if (left < ms) ms = left;
     }
     // The two fds directly, not epfd: one epoll level less between a socket and the waiter
     // (the wait set's fd is itself an epoll fd), as deep as libfabric's own wait.
     pollfd p[2] = {{h->wait_fd, POLLIN, 0}, {h->fd, POLLIN, 0}};
     ::poll(p, 2, static_cast<int>(ms));
-    if (const int r = check(); r <= 0) return r;  // woken: check before arming again
+    if (const int r = check(); r <= 0) return r; // woken: check before arming again
   }
 }
 
@@ -372,7 +376,7 @@ int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
     const std::uint64_t v = value_of(h), offset = v - h->m.last_value();
     if (v >= threshold) return err_since_readerr(h) ? -FI_EAVAIL : 0;
     const std::uint64_t need = threshold - offset;
-    if (need <= 0x7fffffffu) {  // sockets compares as int32
+    if (need <= 0x7fffffffu) { // sockets compares as int32
       const int r = fi_cntr_wait(h->hidden, need, -1);
       progress_both(h);
       if (err_since_readerr(h)) return -FI_EAVAIL;
@@ -436,7 +440,7 @@ fi_ops_cntr cntr_ops = {
 // plain compcntr counter (the provider's is gone).
 int cntr_close(fid* f) {
   hook_cntr* h = of(f);
-  live_remove(h);  // the progress thread no longer touches it
+  live_remove(h); // the progress thread no longer touches it
   if (h->hidden) {
     const int r = fi_close(&h->hidden->fid);
     if (r != 0) {
@@ -446,7 +450,7 @@ int cntr_close(fid* f) {
     h->hidden = nullptr;
   }
   if (h->waitset) {
-    fi_close(&h->waitset->fid);  // after the hidden counter that was on it
+    fi_close(&h->waitset->fid); // after the hidden counter that was on it
     h->waitset = nullptr;
   }
   if (h->epfd >= 0) {
@@ -513,7 +517,7 @@ unsigned probe_bits(fid_cntr* hidden) noexcept {
   return v == probe ? 64 : 32;
 }
 
-}  // namespace
+} // namespace
 
 hook_cntr* as_hook_cntr(const fid* f) noexcept {
   if (f == nullptr || f->fclass != FI_CLASS_CNTR || f->ops != &cntr_fid_ops) return nullptr;
@@ -524,23 +528,28 @@ fid_cntr* hidden_of(hook_cntr* c) noexcept { return c->hidden; }
 
 void note_bound(hook_cntr*) noexcept { stats().cntr_bound.fetch_add(1, std::memory_order_relaxed); }
 
-void pending_add(hook_cntr* c, int delta) noexcept { c->pending.fetch_add(delta, std::memory_order_acq_rel); }
+void pending_add(hook_cntr* c, int delta) noexcept {
+  c->pending.fetch_add(delta, std::memory_order_acq_rel);
+}
 
-void polled_add(hook_cntr* c, int delta) noexcept { c->polled.fetch_add(delta, std::memory_order_relaxed); }
+void polled_add(hook_cntr* c, int delta) noexcept {
+  c->polled.fetch_add(delta, std::memory_order_relaxed);
+}
 
 std::uint64_t caller_pulls() noexcept { return g_caller_pulls.load(std::memory_order_relaxed); }
 
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept {
   static const int registered = compcntr_fi_register_cntr_class(&cntr_fid_ops, class_get);
   (void)registered;
-  stats().cntr_open.fetch_add(1, std::memory_order_relaxed);  // every call, as PLAN.md fixes
+  stats().cntr_open.fetch_add(1, std::memory_order_relaxed); // every call, as PLAN.md fixes
   domain_state* ds = find_domain(domain);
-  if (ds == nullptr || ds->orig == nullptr) return -FI_EINVAL;  // not a hooked domain (cannot happen)
+  if (ds == nullptr || ds->orig == nullptr)
+    return -FI_EINVAL; // not a hooked domain (cannot happen)
   if (cntr == nullptr) return -FI_EINVAL;
   fi_cntr_attr a{};
   a.events = FI_CNTR_EVENTS_COMP;
   a.wait_obj = FI_WAIT_NONE;
-  if (attr != nullptr) a = *attr;  // fi_cntr(3) defaults for NULL (libfabric itself would crash)
+  if (attr != nullptr) a = *attr; // fi_cntr(3) defaults for NULL (libfabric itself would crash)
 
   // FI_WAIT_SET without a wait set: the sockets provider (1.17) dereferences the NULL pointer
   // and crashes; the hook answers -FI_EINVAL there, as libfabric's util counters do (the others
@@ -593,7 +602,7 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
     if (waitset) fi_close(&waitset->fid);
   };
   auto unhooked = [&](const char* why) {
-    if (waitset) {  // the application gets the provider's counter: give it one without our set
+    if (waitset) { // the application gets the provider's counter: give it one without our set
       fid_cntr* plain = nullptr;
       fi_close(&hidden->fid);
       drop_waitset();
@@ -631,7 +640,7 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
       fi_close(&hidden->fid);
       drop_waitset();
       stats().cntr_open_refused.fetch_add(1, std::memory_order_relaxed);
-      return err != 0 ? -err : -FI_EMFILE;  // FI_E* values are the errno values
+      return err != 0 ? -err : -FI_EMFILE; // FI_E* values are the errno values
     }
   }
   auto* h = new (std::nothrow) hook_cntr;
@@ -723,4 +732,4 @@ bool sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_
   return true;
 }
 
-}  // namespace compcntr_hook
+} // namespace compcntr_hook

@@ -38,11 +38,27 @@ inline const Ops* orig_of(const Ops* p) noexcept {
 }
 
 // Whether `field` lies inside a table of `size` bytes (older providers have shorter tables).
-#define HOOK_HAS(T, field, size) (offsetof(T, field) + sizeof(static_cast<T*>(nullptr)->field) <= (size))
+#define HOOK_HAS(T, field, size) \
+  (offsetof(T, field) + sizeof(static_cast<T*>(nullptr)->field) <= (size))
 
 enum kind : int {
-  k_fabric, k_fabric_fid, k_domain, k_domain_fid, k_mr_ops, k_mr_fid, k_ep_fid, k_ep_ops,
-  k_msg, k_rma, k_tagged, k_atomic, k_poll, k_msg_t, k_rma_t, k_tagged_t, k_atomic_t,
+  k_fabric,
+  k_fabric_fid,
+  k_domain,
+  k_domain_fid,
+  k_mr_ops,
+  k_mr_fid,
+  k_ep_fid,
+  k_ep_ops,
+  k_msg,
+  k_rma,
+  k_tagged,
+  k_atomic,
+  k_poll,
+  k_msg_t,
+  k_rma_t,
+  k_tagged_t,
+  k_atomic_t,
 };
 
 /// The patched copy of `orig` for kind K (made once per provider table; tables live forever).
@@ -68,9 +84,9 @@ Ops* patch(Ops* orig, void (*fill)(Ops&, std::size_t)) noexcept {
     std::mutex mu;
     std::vector<patched<Ops>*> tables;
   };
-  static cache_t* cache = new cache_t;  // never destroyed (objects may outlive static destruction)
+  static cache_t* cache = new cache_t; // never destroyed (objects may outlive static destruction)
   if (orig == nullptr) return nullptr;
-  orig = base_of(orig);  // a table of ours of another kind: start from the provider's
+  orig = base_of(orig); // a table of ours of another kind: start from the provider's
   std::lock_guard lk(cache->mu);
   for (patched<Ops>* p : cache->tables) {
     if (&p->ops == orig) return orig;
@@ -98,8 +114,10 @@ Ops* patch(Ops* orig, void (*fill)(Ops&, std::size_t)) noexcept {
 template <class Ops, int K>
 void install(Ops*& slot, void (*fill)(Ops&, std::size_t)) noexcept {
   if (slot == nullptr) return;
-  if (Ops* t = patch<Ops, K>(slot, fill)) slot = t;
-  else FI_WARN(&self(), FI_LOG_CORE, "out of memory: an object is left unhooked\n");
+  if (Ops* t = patch<Ops, K>(slot, fill))
+    slot = t;
+  else
+    FI_WARN(&self(), FI_LOG_CORE, "out of memory: an object is left unhooked\n");
 }
 
 // ---- triggered operations and deferred work ---------------------------------------------------
@@ -161,7 +179,7 @@ class work_swap {
 
 // ---- endpoints -------------------------------------------------------------------------------
 
-std::mutex g_ep_mu;  // the endpoint records below (control path only)
+std::mutex g_ep_mu; // the endpoint records below (control path only)
 
 // FI_TRIGGER among an endpoint's default flags: transmit side, receive side (under g_ep_mu).
 struct trig_state {
@@ -179,14 +197,16 @@ bool trigger_default(fid* ep) noexcept {
 void set_trigger_default(fid* ep, bool tx, bool rx) noexcept {
   std::lock_guard lk(g_ep_mu);
   try {
-    if (tx || rx) ep_trig()[ep] = {tx, rx};
-    else ep_trig().erase(ep);
+    if (tx || rx)
+      ep_trig()[ep] = {tx, rx};
+    else
+      ep_trig().erase(ep);
   } catch (...) {
   }
 }
 void fill_ep_data(fid_ep* ep, bool trigger_default) noexcept;
 
-fid_ep* ep_of(fid* f) noexcept { return reinterpret_cast<fid_ep*>(f); }  // fid is the first member
+fid_ep* ep_of(fid* f) noexcept { return reinterpret_cast<fid_ep*>(f); } // fid is the first member
 
 // Endpoints enabled so far, and the hook counters bound to each endpoint before its fi_enable
 // (see pending_add). Control path only.
@@ -209,7 +229,7 @@ bool has_hook_cntr(fid* ep) noexcept {
   auto it = ep_has_cntr().find(ep);
   return it != ep_has_cntr().end() && it->second;
 }
-class ep_guard {  // control_guard for endpoints with hook counters
+class ep_guard { // control_guard for endpoints with hook counters
  public:
   explicit ep_guard(bool needed) noexcept {
     if (needed) g_.emplace();
@@ -254,7 +274,7 @@ int ep_bind(fid* f, fid* bfid, std::uint64_t flags) {
         try {
           ep_pending().emplace(f, h);
           pending_add(h, 1);
-        } catch (...) {  // no memory for the record: the thread may drive it early (as before)
+        } catch (...) { // no memory for the record: the thread may drive it early (as before)
         }
       }
     }
@@ -282,10 +302,11 @@ int ep_control(fid* f, int command, void* arg) {
   const fi_ops* orig = orig_of(f->ops);
   ep_guard g(has_hook_cntr(f));
   const int r = orig->control(f, command, arg);
-  if (r == 0 && (f->fclass == FI_CLASS_EP || f->fclass == FI_CLASS_SEP || f->fclass == FI_CLASS_TX_CTX ||
-                 f->fclass == FI_CLASS_RX_CTX || f->fclass == FI_CLASS_SRX_CTX)) {
+  if (r == 0 &&
+      (f->fclass == FI_CLASS_EP || f->fclass == FI_CLASS_SEP || f->fclass == FI_CLASS_TX_CTX ||
+       f->fclass == FI_CLASS_RX_CTX || f->fclass == FI_CLASS_SRX_CTX)) {
     if (command == FI_ENABLE) {
-      fill_ep_data(ep_of(f));  // a provider may choose its data-path tables when enabling
+      fill_ep_data(ep_of(f)); // a provider may choose its data-path tables when enabling
       {
         std::lock_guard lk(g_ep_mu);
         try {
@@ -298,14 +319,16 @@ int ep_control(fid* f, int command, void* arg) {
       auto* alias = static_cast<struct fi_alias*>(arg);
       if (alias->fid != nullptr && *alias->fid != nullptr) {
         const bool trig = (alias->flags & FI_TRIGGER) != 0;
-        install_ep(ep_of(*alias->fid), trig && !(alias->flags & FI_RECV), trig && (alias->flags & FI_RECV));
+        install_ep(ep_of(*alias->fid), trig && !(alias->flags & FI_RECV),
+                   trig && (alias->flags & FI_RECV));
       }
     } else if (command == FI_SETOPSFLAG && arg != nullptr) {
       const std::uint64_t flags = *static_cast<std::uint64_t*>(arg);
       bool tx = false, rx = false;
       {
         std::lock_guard lk(g_ep_mu);
-        if (auto it = ep_trig().find(f); it != ep_trig().end()) tx = it->second.tx, rx = it->second.rx;
+        if (auto it = ep_trig().find(f); it != ep_trig().end())
+          tx = it->second.tx, rx = it->second.rx;
       }
       ((flags & FI_RECV) ? rx : tx) = (flags & FI_TRIGGER) != 0;
       set_trigger_default(f, tx, rx);
@@ -379,8 +402,8 @@ ssize_t atomic_writemsg(fid_ep* ep, const fi_msg_atomic* msg, std::uint64_t flag
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->atomic)->writemsg(ep, msg, flags);
 }
-ssize_t atomic_readwritemsg(fid_ep* ep, const fi_msg_atomic* msg, fi_ioc* resultv, void** result_desc,
-                            size_t result_count, std::uint64_t flags) {
+ssize_t atomic_readwritemsg(fid_ep* ep, const fi_msg_atomic* msg, fi_ioc* resultv,
+                            void** result_desc, size_t result_count, std::uint64_t flags) {
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->atomic)->readwritemsg(ep, msg, resultv, result_desc, result_count, flags);
 }
@@ -388,13 +411,16 @@ ssize_t atomic_compwritemsg(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* 
                             void** compare_desc, size_t compare_count, fi_ioc* resultv,
                             void** result_desc, size_t result_count, std::uint64_t flags) {
   trigger_swap s(msg ? msg->context : nullptr, flags);
-  return orig_of(ep->atomic)->compwritemsg(ep, msg, comparev, compare_desc, compare_count, resultv,
-                                           result_desc, result_count, flags);
+  return orig_of(ep->atomic)
+      ->compwritemsg(ep, msg, comparev, compare_desc, compare_count, resultv, result_desc,
+                     result_count, flags);
 }
 void fill_atomic(fi_ops_atomic& t, std::size_t size) {
   if (HOOK_HAS(fi_ops_atomic, writemsg, size) && t.writemsg) t.writemsg = atomic_writemsg;
-  if (HOOK_HAS(fi_ops_atomic, readwritemsg, size) && t.readwritemsg) t.readwritemsg = atomic_readwritemsg;
-  if (HOOK_HAS(fi_ops_atomic, compwritemsg, size) && t.compwritemsg) t.compwritemsg = atomic_compwritemsg;
+  if (HOOK_HAS(fi_ops_atomic, readwritemsg, size) && t.readwritemsg)
+    t.readwritemsg = atomic_readwritemsg;
+  if (HOOK_HAS(fi_ops_atomic, compwritemsg, size) && t.compwritemsg)
+    t.compwritemsg = atomic_compwritemsg;
 }
 
 // Endpoints whose default operation flags include FI_TRIGGER (tx_attr/rx_attr op_flags at
@@ -406,7 +432,7 @@ template <class F>
 struct trig_call;
 template <class Ops, class R, class... A>
 struct trig_call<R (*Ops::*)(fid_ep*, A...)> {
-  template <Ops* fid_ep::*Table, R (*Ops::*Fn)(fid_ep*, A...)>
+  template <Ops* fid_ep::* Table, R (*Ops::*Fn)(fid_ep*, A...)>
   static R call(fid_ep* ep, A... a) {
     // The context is the last argument of every data call that has one.
     const void* context = std::get<sizeof...(A) - 1>(std::tuple<A...>(a...));
@@ -654,18 +680,21 @@ int open_domain(fid_fabric* f, fi_info* info, fid_domain** d, bool has_flags, st
   int r = call(safe ? safe : info);
   bool thread_safe = safe != nullptr && r == 0;
   if (r != 0 && safe != nullptr) {
-    FI_WARN(&self(), FI_LOG_DOMAIN,
-            "the provider refused FI_THREAD_SAFE (%s): this domain's counters use caller progress\n",
-            fi_strerror(-r));
+    FI_WARN(
+        &self(), FI_LOG_DOMAIN,
+        "the provider refused FI_THREAD_SAFE (%s): this domain's counters use caller progress\n",
+        fi_strerror(-r));
     r = call(info);
   }
   fi_freeinfo(safe);
   if (r == 0 && d && *d) {
-    if (info && info->domain_attr && info->domain_attr->threading == FI_THREAD_SAFE) thread_safe = true;
+    if (info && info->domain_attr && info->domain_attr->threading == FI_THREAD_SAFE)
+      thread_safe = true;
     install_domain(*d, find_fabric(f));
     if (domain_state* ds = find_domain(*d)) {
       ds->progress_thread = cfg().progress_thread && thread_safe && progress_thread_running();
-      ds->auto_progress = info && info->domain_attr && info->domain_attr->data_progress == FI_PROGRESS_AUTO;
+      ds->auto_progress =
+          info && info->domain_attr && info->domain_attr->data_progress == FI_PROGRESS_AUTO;
     }
   }
   return r;
@@ -684,10 +713,11 @@ int fab_trywait(fid_fabric* f, fid** fids, int count) {
   const fi_ops_fabric* orig = orig_of(f->ops);
   if (fids == nullptr || count <= 0) return orig->trywait(f, fids, count);
   bool ours = false;
-  for (int i = 0; i < count && !ours; ++i) ours = fids[i] != nullptr && as_hook_cntr(fids[i]) != nullptr;
+  for (int i = 0; i < count && !ours; ++i)
+    ours = fids[i] != nullptr && as_hook_cntr(fids[i]) != nullptr;
   if (!ours) return orig->trywait(f, fids, count);
   stats().trywaits.fetch_add(1, std::memory_order_relaxed);
-  const int cap = 2 * count;  // each hook counter may add its provider wait set
+  const int cap = 2 * count; // each hook counter may add its provider wait set
   std::unique_ptr<fid*[]> pass(new (std::nothrow) fid*[static_cast<std::size_t>(cap)]);
   if (!pass) return -FI_ENOMEM;
   int n = 0, ret = 0;
@@ -695,8 +725,10 @@ int fab_trywait(fid_fabric* f, fid** fids, int count) {
     if (fids[i] == nullptr) return -FI_EINVAL;
     if (hook_cntr* h = as_hook_cntr(fids[i])) {
       const int r = cntr_trywait(h, pass.get(), cap, &n);
-      if (r == -FI_EAGAIN) ret = r;
-      else if (r != 0) return r;
+      if (r == -FI_EAGAIN)
+        ret = r;
+      else if (r != 0)
+        return r;
     } else {
       pass[n++] = fids[i];
     }
@@ -714,7 +746,7 @@ void fill_fabric(fi_ops_fabric& t, std::size_t size) {
   if (HOOK_HAS(fi_ops_fabric, trywait, size) && t.trywait) t.trywait = fab_trywait;
 }
 
-}  // namespace
+} // namespace
 
 // ---- the fabric (the provider's fabric() entry) ----------------------------------------------
 
@@ -736,7 +768,7 @@ int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context) {
   fs->sockets = fs->prov_name == "sockets";
   fi_ops_fabric* ops = patch<fi_ops_fabric, k_fabric>(f->ops, fill_fabric);
   fi_ops* fid_ops = patch<fi_ops, k_fabric_fid>(f->fid.ops, fill_fabric_fid);
-  if (ops == nullptr || fid_ops == nullptr) return -FI_ENOMEM;  // nothing installed yet
+  if (ops == nullptr || fid_ops == nullptr) return -FI_ENOMEM; // nothing installed yet
   if (!add_fabric(std::move(fs))) return -FI_ENOMEM;
   f->ops = ops;
   f->fid.ops = fid_ops;
@@ -780,4 +812,4 @@ void install_ep(fid_ep* ep, bool trigger_tx, bool trigger_rx) noexcept {
   fill_ep_data(ep, trigger_tx || trigger_rx);
 }
 
-}  // namespace compcntr_hook
+} // namespace compcntr_hook

@@ -38,15 +38,15 @@ namespace compcntr_hook {
 namespace {
 
 std::mutex thread_mu;
-std::thread* worker = nullptr;  // under thread_mu
+std::thread* worker = nullptr; // under thread_mu
 std::atomic<bool> stop{false};
-std::atomic<bool> abandoned{false};  // a stop gave up on the thread (see the top)
+std::atomic<bool> abandoned{false}; // a stop gave up on the thread (see the top)
 
 // The thread's "I have left the loop" (stop waits on it, bounded). Never destroyed, like
 // g_control: an abandoned thread may still use them while the process's static objects die.
 std::mutex& done_mu = *new std::mutex;
 std::condition_variable& done_cv = *new std::condition_variable;
-bool done = false;  // under done_mu
+bool done = false; // under done_mu
 
 // How long a stop waits for the thread's current round: a round takes microseconds (one
 // fi_cntr_read per counter) plus at most one idle sleep; one still running after this is
@@ -67,7 +67,7 @@ void run() noexcept {
       changed = progress_all();
     }
     if (const std::uint64_t now = caller_pulls(); now != callers) {
-      callers = now;  // the application drives progress itself: stay out of its way
+      callers = now; // the application drives progress itself: stay out of its way
       nanosleep(&idle, nullptr);
       continue;
     }
@@ -75,8 +75,10 @@ void run() noexcept {
       last_change = clock::now();
       continue;
     }
-    if (clock::now() - last_change < std::chrono::milliseconds(10)) sched_yield();
-    else nanosleep(&idle, nullptr);
+    if (clock::now() - last_change < std::chrono::milliseconds(10))
+      sched_yield();
+    else
+      nanosleep(&idle, nullptr);
   }
   {
     std::lock_guard lk(done_mu);
@@ -95,7 +97,7 @@ void pin_module() noexcept {
 
 void stop_at_exit() { progress_thread_stop(); }
 
-}  // namespace
+} // namespace
 
 void progress_thread_start() noexcept {
   std::lock_guard lk(thread_mu);
@@ -109,7 +111,8 @@ void progress_thread_start() noexcept {
     worker = new std::thread(run);
   } catch (...) {
     worker = nullptr;
-    FI_WARN(&self(), FI_LOG_CORE, "cannot start the progress thread: counters use caller progress\n");
+    FI_WARN(&self(), FI_LOG_CORE,
+            "cannot start the progress thread: counters use caller progress\n");
     return;
   }
   static const bool registered = std::atexit(stop_at_exit) == 0;
@@ -144,7 +147,7 @@ void progress_thread_stop() noexcept {
   if (t == nullptr) return;
   stop.store(true, std::memory_order_release);
   if (t->get_id() == std::this_thread::get_id()) {
-    t->detach();  // exit() called on the progress thread itself (a crash handler): cannot join
+    t->detach(); // exit() called on the progress thread itself (a crash handler): cannot join
     delete t;
     return;
   }
@@ -167,4 +170,4 @@ void progress_thread_stop() noexcept {
   delete t;
 }
 
-}  // namespace compcntr_hook
+} // namespace compcntr_hook

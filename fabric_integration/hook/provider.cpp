@@ -35,7 +35,8 @@ bool env_true(const char* name) noexcept {
            strcasecmp(v, "off") == 0);
 }
 
-std::int64_t env_int(const char* name, std::int64_t dflt, std::int64_t lo, std::int64_t hi) noexcept {
+std::int64_t env_int(const char* name, std::int64_t dflt, std::int64_t lo,
+                     std::int64_t hi) noexcept {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return dflt;
   char* end = nullptr;
@@ -113,7 +114,8 @@ statistics& stats() noexcept { return g_stats; }
 
 void write_stats() noexcept {
   if (g_cfg.stats_path.empty() || g_stats_written.exchange(true)) return;
-  std::uint64_t reads = g_stats.reads.load(), readerrs = g_stats.readerrs.load(), waits = g_stats.waits.load();
+  std::uint64_t reads = g_stats.reads.load(), readerrs = g_stats.readerrs.load(),
+                waits = g_stats.waits.load();
   const bool live_counted = sum_live_counts(reads, readerrs, waits);
   std::string provs;
   {
@@ -127,15 +129,15 @@ void write_stats() noexcept {
   const int n = std::snprintf(
       line, sizeof line,
       "compcntr-hook pid=%d fabrics=%" PRIu64 " domains=%" PRIu64 " cntr_open=%" PRIu64
-      " cntr_served=%" PRIu64 " cntr_bound=%" PRIu64 " cntr_reads=%" PRIu64 " cntr_readerrs=%" PRIu64 " cntr_waits=%" PRIu64
-      " cntr_closed=%" PRIu64 " cntr_open_refused=%" PRIu64 " trywaits=%" PRIu64
-      " triggers_translated=%" PRIu64 " work_translated=%" PRIu64 " progress_thread=%d providers=%s%s\n",
-      static_cast<int>(getpid()), g_stats.fabrics.load(), g_stats.domains.load(), g_stats.cntr_open.load(),
-      g_stats.cntr_served.load(),
-      g_stats.cntr_bound.load(), reads, readerrs, waits, g_stats.cntr_closed.load(),
-      g_stats.cntr_open_refused.load(), g_stats.trywaits.load(), g_stats.triggers_translated.load(),
-      g_stats.work_translated.load(), g_cfg.progress_thread ? 1 : 0, provs.c_str(),
-      live_counted ? "" : " live_counts=skipped");
+      " cntr_served=%" PRIu64 " cntr_bound=%" PRIu64 " cntr_reads=%" PRIu64
+      " cntr_readerrs=%" PRIu64 " cntr_waits=%" PRIu64 " cntr_closed=%" PRIu64
+      " cntr_open_refused=%" PRIu64 " trywaits=%" PRIu64 " triggers_translated=%" PRIu64
+      " work_translated=%" PRIu64 " progress_thread=%d providers=%s%s\n",
+      static_cast<int>(getpid()), g_stats.fabrics.load(), g_stats.domains.load(),
+      g_stats.cntr_open.load(), g_stats.cntr_served.load(), g_stats.cntr_bound.load(), reads,
+      readerrs, waits, g_stats.cntr_closed.load(), g_stats.cntr_open_refused.load(),
+      g_stats.trywaits.load(), g_stats.triggers_translated.load(), g_stats.work_translated.load(),
+      g_cfg.progress_thread ? 1 : 0, provs.c_str(), live_counted ? "" : " live_counts=skipped");
   if (n <= 0) return;
   // One write(2) of the whole line with O_APPEND: lines of concurrent processes never interleave.
   const int fd = ::open(g_cfg.stats_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -144,9 +146,11 @@ void write_stats() noexcept {
                  g_cfg.stats_path.c_str(), std::strerror(errno));
     return;
   }
-  const std::size_t len = static_cast<std::size_t>(n) < sizeof line ? static_cast<std::size_t>(n) : sizeof line - 1;
+  const std::size_t len =
+      static_cast<std::size_t>(n) < sizeof line ? static_cast<std::size_t>(n) : sizeof line - 1;
   if (::write(fd, line, len) < 0)
-    std::fprintf(stderr, "compcntr-hook: cannot write %s: %s\n", g_cfg.stats_path.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "compcntr-hook: cannot write %s: %s\n", g_cfg.stats_path.c_str(),
+                 std::strerror(errno));
   ::close(fd);
 }
 
@@ -156,7 +160,8 @@ compcntr_device* device() noexcept {
   static compcntr_device* dev = [] {
     compcntr_device* d = compcntr_open_device("soft");
     if (d == nullptr)
-      FI_WARN(&self(), FI_LOG_CNTR, "compcntr_open_device(soft): %s\n", compcntr_last_error_message());
+      FI_WARN(&self(), FI_LOG_CNTR, "compcntr_open_device(soft): %s\n",
+              compcntr_last_error_message());
     return d;
   }();
   return dev;
@@ -173,7 +178,6 @@ domain_state* find_domain(fid_domain* d) noexcept {
   auto it = domains().find(d);
   return it == domains().end() ? nullptr : it->second.get();
 }
-
 
 bool add_fabric(std::unique_ptr<fabric_state> fs) noexcept {
   std::lock_guard lk(g_objects_mu);
@@ -206,7 +210,7 @@ void forget_domain(fid_domain* d) noexcept {
   domains().erase(d);
 }
 
-}  // namespace compcntr_hook
+} // namespace compcntr_hook
 
 extern "C" __attribute__((visibility("default"))) struct fi_provider* fi_prov_ini(void) {
   compcntr_hook::read_config();

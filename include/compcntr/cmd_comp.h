@@ -38,11 +38,11 @@ int compcntr_devx_get_async_cmd_comp(struct compcntr_devx_cmd_comp *cmd_comp,
 
 struct compcntr_comp_cntr_values {
 	uint64_t comp; /* completion count */
-	uint64_t err;  /* error count */
+	uint64_t err; /* error count */
 };
 
 /* Bytes of one counter query response: header + struct compcntr_comp_cntr_values (24). */
-#define COMPCNTR_COMP_CNTR_ASYNC_RESP_LEN \
+#define COMPCNTR_COMP_CNTR_ASYNC_RESP_LEN                                                          \
 	(sizeof(struct compcntr_devx_async_cmd_hdr) + sizeof(struct compcntr_comp_cntr_values))
 
 /* Queries cc asynchronously: answered on cmd_comp with wr_id and the counter's values.

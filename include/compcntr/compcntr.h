@@ -83,7 +83,8 @@ struct compcntr_comp_cntr_caps {
 	uint32_t supported_qp_attach_ops;
 };
 
-int compcntr_query_comp_cntr_caps(struct compcntr_device *dev, struct compcntr_comp_cntr_caps *caps);
+int compcntr_query_comp_cntr_caps(struct compcntr_device *dev,
+                                  struct compcntr_comp_cntr_caps *caps);
 /* NULL + errno: EINVAL (NULL, flags != 0, unknown comp_mask bit or type, bad numa_node),
  * ENOTSUP (type not supported by the device), ENOMEM (max_counters reached). */
 struct compcntr_comp_cntr *compcntr_create_comp_cntr(struct compcntr_device *dev,
@@ -125,14 +126,14 @@ void compcntr_priv_notify_slow(struct compcntr_comp_cntr *cc);
  * COMPCNTR_NO_INLINE to call them everywhere. The layout below is part of the library's ABI
  * (the soname changes if it does). */
 struct compcntr_comp_cntr_slot_ {
-	uint64_t value;          /* completion count (atomic); always 0 in a striped counter */
-	uint64_t errors;         /* error count (atomic); always 0 in a striped counter */
+	uint64_t value; /* completion count (atomic); always 0 in a striped counter */
+	uint64_t errors; /* error count (atomic); always 0 in a striped counter */
 	uint64_t reserved0_[2];
-	const void *stripes;     /* non-NULL: a striped counter (reads sum its stripes) */
+	const void *stripes; /* non-NULL: a striped counter (reads sum its stripes) */
 	uint64_t reserved1_[3];
-	uint32_t watch;          /* non-zero: someone must hear about updates (atomic) */
+	uint32_t watch; /* non-zero: someone must hear about updates (atomic) */
 	uint32_t reserved2_;
-	const void *hw;          /* non-NULL: updates go through the device (or the stripes) */
+	const void *hw; /* non-NULL: updates go through the device (or the stripes) */
 };
 
 #if !defined(COMPCNTR_NO_INLINE) && (defined(__GNUC__) || defined(__clang__))
@@ -160,7 +161,8 @@ static inline int compcntr_read_comp_cntr_inline_(struct compcntr_comp_cntr *cc,
 	return 0;
 }
 
-static inline int compcntr_read_err_comp_cntr_inline_(struct compcntr_comp_cntr *cc, uint64_t *value)
+static inline int compcntr_read_err_comp_cntr_inline_(struct compcntr_comp_cntr *cc,
+                                                      uint64_t *value)
 {
 	const struct compcntr_comp_cntr_slot_ *s;
 	if (__builtin_expect(cc == NULL || value == NULL, 0) ||

@@ -38,8 +38,7 @@ struct compcntr_credits *compcntr_credits_create(struct compcntr_device *dev, ui
  * errno: EINVAL (NULL dev or windows, npeers == 0, a window of 0 or above a quarter of the
  * device's counter range: the message names the peer), ENOTSUP, ENOMEM as create. */
 struct compcntr_credits *compcntr_credits_create_per_peer(struct compcntr_device *dev,
-                                                          uint32_t npeers,
-                                                          const uint64_t *windows);
+                                                          uint32_t npeers, const uint64_t *windows);
 
 /* A tracker over counters the caller created on dev (WRS, one per peer: peer i is ccs[i]) with
  * a window per peer (windows[i]). issued starts at each counter's completion + error count: what

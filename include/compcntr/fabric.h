@@ -88,7 +88,7 @@ enum {
 struct compcntr_fi_bridge_attr {
 	uint32_t comp_mask;       /* COMPCNTR_FI_BRIDGE_ATTR_* bits */
 	enum fi_cq_format format; /* the CQ's format: FI_CQ_FORMAT_MSG, _DATA or _TAGGED */
-	size_t max_entries;       /* most entries one progress call consumes (> 0; default 1024) */
+	size_t max_entries; /* most entries one progress call consumes (> 0; default 1024) */
 };
 
 /* Opens a bridge on `cq` whose format is not known to it. Entries are read one per fi_cq_read
@@ -144,10 +144,10 @@ void compcntr_fi_bridge_progress_fn(void *br);
 
 /* What a bridge has consumed since it was opened. */
 struct compcntr_fi_bridge_stats {
-	uint64_t entries;       /* successful entries read */
-	uint64_t errors;        /* error entries read (fi_cq_readerr) */
-	uint64_t unclassified;  /* entries (successful or error) with no class bit */
-	uint64_t unbound;       /* classified entries whose class had no counter */
+	uint64_t entries; /* successful entries read */
+	uint64_t errors; /* error entries read (fi_cq_readerr) */
+	uint64_t unclassified; /* entries (successful or error) with no class bit */
+	uint64_t unbound; /* classified entries whose class had no counter */
 };
 int compcntr_fi_bridge_query_stats(struct compcntr_fi_bridge *br,
                                    struct compcntr_fi_bridge_stats *stats);
@@ -175,8 +175,8 @@ enum {
 };
 
 struct compcntr_fi_mirror_attr {
-	uint32_t comp_mask;   /* COMPCNTR_FI_MIRROR_ATTR_* bits */
-	uint32_t value_bits;  /* width of the provider's values: 64 (default; util counters of tcp,
+	uint32_t comp_mask; /* COMPCNTR_FI_MIRROR_ATTR_* bits */
+	uint32_t value_bits; /* width of the provider's values: 64 (default; util counters of tcp,
 	                       * udp, shm, rxm, rxd, verbs, efa) or 32 (the sockets provider, whose
 	                       * counters are int32 in libfabric 1.17); 8..64 accepted */
 };

@@ -20,19 +20,26 @@ extern "C" {
 
 enum compcntr_qp_attach_comp_cntr_op {
 	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND = 1 << 0,              /* sends this side posted */
-	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV = 1 << 1,              /* receives this side posted */
-	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_READ = 1 << 2,         /* RDMA reads this side posted */
-	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_READ = 1 << 3,  /* the peer's reads of our memory */
-	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE = 1 << 4,        /* RDMA writes this side posted */
-	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE = 1 << 5, /* the peer's writes into our memory */
+	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV = 1 << 1, /* receives this side posted */
+	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_READ = 1 << 2, /* RDMA reads this side posted */
+	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_READ =
+	        1 << 3, /* the peer's reads of our memory */
+	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE = 1 << 4, /* RDMA writes this side posted */
+	COMPCNTR_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE =
+	        1 << 5, /* the peer's writes into our memory */
 };
 
 struct compcntr_qp_attach_comp_cntr_attr {
 	uint32_t comp_mask; /* must be 0 */
-	uint32_t op_mask;   /* compcntr_qp_attach_comp_cntr_op bits, not empty */
+	uint32_t op_mask; /* compcntr_qp_attach_comp_cntr_op bits, not empty */
 };
 
-enum compcntr_qp_state { COMPCNTR_QPS_RESET, COMPCNTR_QPS_INIT, COMPCNTR_QPS_RTS, COMPCNTR_QPS_ERR };
+enum compcntr_qp_state {
+	COMPCNTR_QPS_RESET,
+	COMPCNTR_QPS_INIT,
+	COMPCNTR_QPS_RTS,
+	COMPCNTR_QPS_ERR
+};
 
 struct compcntr_qp; /* opaque */
 
@@ -59,9 +66,9 @@ int compcntr_qp_attach_comp_cntr(struct compcntr_qp *qp, struct compcntr_comp_cn
 /* ---- memory registration (software device) --------------------------------------------- */
 
 enum {
-	COMPCNTR_ACCESS_LOCAL_WRITE = 1,  /* receive / RDMA-read target */
+	COMPCNTR_ACCESS_LOCAL_WRITE = 1, /* receive / RDMA-read target */
 	COMPCNTR_ACCESS_REMOTE_WRITE = 2, /* target of the peer's RDMA writes (needs LOCAL_WRITE) */
-	COMPCNTR_ACCESS_REMOTE_READ = 4,  /* source of the peer's RDMA reads */
+	COMPCNTR_ACCESS_REMOTE_READ = 4, /* source of the peer's RDMA reads */
 };
 
 struct compcntr_mr {
@@ -73,7 +80,8 @@ struct compcntr_mr {
 
 /* NULL + errno: EINVAL (NULL dev or addr, length 0, unknown access bits, REMOTE_WRITE without
  * LOCAL_WRITE), ENOTSUP (verbs device: use ibv_reg_mr), ENOMEM. */
-struct compcntr_mr *compcntr_reg_mr(struct compcntr_device *dev, void *addr, size_t length, int access);
+struct compcntr_mr *compcntr_reg_mr(struct compcntr_device *dev, void *addr, size_t length,
+                                    int access);
 /* Waits for a copy in progress from or into the region, then removes it. */
 int compcntr_dereg_mr(struct compcntr_mr *mr);
 
@@ -84,8 +92,10 @@ int compcntr_dereg_mr(struct compcntr_mr *mr);
  * or missing access rights complete in error (error counts) and move no byte. An error
  * completion moves the QP to ERR and flushes its outstanding work in error (docs/qp.md).
  * Every completion is visible in its counters when the call that completed it returns. */
-int compcntr_post_recv(struct compcntr_qp *qp, uint64_t wr_id, void *addr, size_t len, uint32_t lkey);
-int compcntr_post_send(struct compcntr_qp *qp, uint64_t wr_id, const void *addr, size_t len, uint32_t lkey);
+int compcntr_post_recv(struct compcntr_qp *qp, uint64_t wr_id, void *addr, size_t len,
+                       uint32_t lkey);
+int compcntr_post_send(struct compcntr_qp *qp, uint64_t wr_id, const void *addr, size_t len,
+                       uint32_t lkey);
 int compcntr_post_rdma_write(struct compcntr_qp *qp, uint64_t wr_id, const void *addr, size_t len,
                              uint32_t lkey, uint64_t remote_addr, uint32_t rkey);
 int compcntr_post_rdma_read(struct compcntr_qp *qp, uint64_t wr_id, void *addr, size_t len,

@@ -49,11 +49,11 @@ enum compcntr_wait_attr_mask {
 struct compcntr_wait_attr {
 	uint32_t comp_mask;            /* enum compcntr_wait_attr_mask bits */
 	uint32_t progress_interval_us; /* longest sleep with a progress hook (> 0; default 1000) */
-	int64_t spin_ns;               /* hot-poll time before backing off and sleeping (>= 0;
+	int64_t spin_ns; /* hot-poll time before backing off and sleeping (>= 0;
 	                                * default 5000); 0: sleep as soon as a check fails;
 	                                * COMPCNTR_WAIT_SPIN_FOREVER: never sleep */
 	compcntr_progress_fn progress; /* NULL: none */
-	void *progress_ctx;            /* passed to progress */
+	void *progress_ctx; /* passed to progress */
 };
 
 /* compcntr_wait_comp_cntr with options (attr NULL: defaults). EINVAL also for an unknown
@@ -113,7 +113,7 @@ static inline int compcntr_wait_comp_cntr_inline_(struct compcntr_comp_cntr *cc,
 		return 0;
 	return (compcntr_wait_comp_cntr)(cc, threshold, timeout_ms);
 }
-#define compcntr_wait_comp_cntr(cc, threshold, timeout_ms) \
+#define compcntr_wait_comp_cntr(cc, threshold, timeout_ms)                                         \
 	compcntr_wait_comp_cntr_inline_((cc), (threshold), (timeout_ms))
 #endif
 

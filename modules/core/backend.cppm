@@ -260,4 +260,4 @@ std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_co
 std::error_code max_counters_from_env(std::uint32_t& out) noexcept;
 inline constexpr std::uint32_t default_max_counters = 1u << 20;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

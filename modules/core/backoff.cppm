@@ -79,4 +79,4 @@ class backoff {
   std::uint32_t step_ = 0;
 };
 
-}  // namespace compcntr
+} // namespace compcntr

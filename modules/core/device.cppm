@@ -33,9 +33,7 @@ import :types;
 import :error;
 
 // The verbs QP a device wraps (rdma-core's <infiniband/verbs.h> defines it; global module).
-export extern "C++" {
-struct ibv_qp;
-}
+export extern "C++" { struct ibv_qp; }
 
 export namespace compcntr {
 
@@ -129,8 +127,6 @@ class device {
 /// device::progress() of the device that feeds `c`: the entry point for waiters and pollers
 /// that must drive emulated completions while they spin. 0 and cheap when that device needs no
 /// progress. `c` must not be empty.
-inline std::size_t progress(counter_view c) noexcept {
-  return c.native_slot()->owner->progress();
-}
+inline std::size_t progress(counter_view c) noexcept { return c.native_slot()->owner->progress(); }
 
 }  // namespace compcntr

@@ -32,7 +32,8 @@ export namespace compcntr::detail {
 
 /// The same, assigning to `ec`; returns false so callers can `return fail_into(ec, ...)` in
 /// boolean helpers.
-[[gnu::format(printf, 3, 4)]] bool fail_into(std::error_code& ec, int err, const char* fmt, ...) noexcept;
+[[gnu::format(printf, 3, 4)]] bool fail_into(std::error_code& ec, int err, const char* fmt,
+                                             ...) noexcept;
 
 /// std::system_category(), looked up once: `ec.assign(0, system_category_cached())` is
 /// ec.clear() without a call into libstdc++ on hot success paths (counter creation).

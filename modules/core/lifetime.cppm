@@ -105,4 +105,4 @@ inline bool counter_gone(const slot& s) noexcept {
 /// such slot; ESTALE: the id's counter was destroyed). Race semantics: compcntr:counter_ref.
 slot* resolve_counter_slot(slot_pool& pool, counter_id id, std::error_code& ec) noexcept;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -59,7 +59,7 @@ struct pool_config {
 /// The hwloc side of a pool (topology, node sets, arena memory). Defined in src/core/numa_topology.cpp.
 struct numa_topology;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 // Internal to the library (module linkage, not exported): the hwloc calls of src/core/numa_topology.cpp.
 namespace compcntr::detail {
@@ -81,7 +81,7 @@ std::string numa_topology_describe(const numa_topology* t);
 void* numa_topology_alloc(numa_topology* t, int dense, std::size_t bytes, bool& bound) noexcept;
 void numa_topology_free(numa_topology* t, void* p, std::size_t bytes) noexcept;
 void* numa_topology_hwloc(const numa_topology* t) noexcept;
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr::detail {
 
@@ -152,7 +152,8 @@ class slot_pool {
   /// unhold() on success.
   inline bool unhold_if_last(std::uint32_t& holds, std::uint32_t& live_slots) noexcept {
     std::uint64_t expected = hold_unit;
-    if (live_->compare_exchange_strong(expected, 0, std::memory_order_acq_rel, std::memory_order_acquire))
+    if (live_->compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
+                                       std::memory_order_acquire))
       return true;
     holds = static_cast<std::uint32_t>(expected >> 32);
     live_slots = static_cast<std::uint32_t>(expected);
@@ -172,13 +173,19 @@ class slot_pool {
 
   /// Slots per arena (a power of two), arenas created so far, and the bytes they hold.
   inline std::uint32_t arena_slots() const noexcept { return arena_slots_; }
-  inline std::uint32_t arenas() const noexcept { return arenas_used_.load(std::memory_order_acquire); }
-  inline std::size_t arena_bytes() const noexcept { return std::size_t{arenas()} * arena_slots_ * sizeof(slot); }
+  inline std::uint32_t arenas() const noexcept {
+    return arenas_used_.load(std::memory_order_acquire);
+  }
+  inline std::size_t arena_bytes() const noexcept {
+    return std::size_t{arenas()} * arena_slots_ * sizeof(slot);
+  }
   /// Most arenas this pool will ever create (see the file comment).
   inline std::uint32_t arena_budget() const noexcept { return arena_budget_; }
   /// True while every arena created so far is really bound to its node (false on synthetic or
   /// XML topologies, or when the OS refused a binding). status() says why.
-  inline bool memory_bound() const noexcept { return unbound_arenas_.load(std::memory_order_acquire) == 0 && binding_supported_; }
+  inline bool memory_bound() const noexcept {
+    return unbound_arenas_.load(std::memory_order_acquire) == 0 && binding_supported_;
+  }
   /// Whether the topology can bind memory at all (it is this system and hwloc supports binding).
   inline bool binding_supported() const noexcept { return binding_supported_; }
   /// A sentence describing the topology and binding state (for logs and error reports).
@@ -190,12 +197,12 @@ class slot_pool {
  private:
   struct arena_entry {
     std::atomic<slot*> base{nullptr};
-    int node = 0;  ///< dense node index; written before `base` is published
+    int node = 0; ///< dense node index; written before `base` is published
   };
   /// Per node: the free-list head and the bump word on lines of their own.
   struct node_state {
-    cache_padded<std::atomic<std::uint64_t>> free_head;  ///< tag << 32 | (index + 1); 0 = empty
-    cache_padded<std::atomic<std::uint64_t>> bump;       ///< (arena + 1) << 32 | next position
+    cache_padded<std::atomic<std::uint64_t>> free_head; ///< tag << 32 | (index + 1); 0 = empty
+    cache_padded<std::atomic<std::uint64_t>> bump; ///< (arena + 1) << 32 | next position
     int os_index = 0;
   };
   enum class grow_result { grown, retry, no_budget, no_memory };
@@ -222,18 +229,18 @@ class slot_pool {
   int (*current_cpu_)() noexcept = nullptr;
   bool (*fail_arena_alloc_)() noexcept = nullptr;
   std::unique_ptr<node_state[]> nodes_;
-  std::unique_ptr<std::int16_t[]> cpu_to_dense_;  ///< PU OS index -> dense node
+  std::unique_ptr<std::int16_t[]> cpu_to_dense_; ///< PU OS index -> dense node
   int cpu_to_dense_size_ = 0;
-  std::unique_ptr<std::int16_t[]> os_to_dense_;   ///< node OS index -> dense node, -1: none
+  std::unique_ptr<std::int16_t[]> os_to_dense_; ///< node OS index -> dense node, -1: none
   int os_to_dense_size_ = 0;
-  std::unique_ptr<arena_entry[]> arenas_;         ///< arena_budget_ entries
+  std::unique_ptr<arena_entry[]> arenas_; ///< arena_budget_ entries
   numa_topology* topo_ = nullptr;
   static constexpr std::uint64_t hold_unit = std::uint64_t{1} << 32;
   /// holds << 32 | slots live or being created (see hold())
   cache_padded<std::atomic<std::uint64_t>> live_;
-  std::atomic<std::uint32_t> arenas_used_{0};      ///< written under grow_
+  std::atomic<std::uint32_t> arenas_used_{0}; ///< written under grow_
   std::atomic<std::uint32_t> unbound_arenas_{0};
-  mutable std::mutex grow_;                        ///< arena creation (and status()) only
+  mutable std::mutex grow_; ///< arena creation (and status()) only
 };
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

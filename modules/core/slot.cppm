@@ -120,7 +120,8 @@ inline std::int32_t rseq_cpu_offset() noexcept {
   if (cpu_offset != no_rseq) [[likely]] {
     const int cpu = *reinterpret_cast<const volatile std::int32_t*>(
         static_cast<const char*>(__builtin_thread_pointer()) + cpu_offset);
-    if (cpu >= 0) [[likely]] return static_cast<unsigned>(cpu);
+    if (cpu >= 0) [[likely]]
+      return static_cast<unsigned>(cpu);
   }
   const int cpu = ::sched_getcpu();
   return cpu >= 0 ? static_cast<unsigned>(cpu) : 0u;
@@ -130,43 +131,43 @@ struct alignas(false_sharing_range) slot {
   // ---- line 0: the values (written by every update of a plain counter, polled by waiters),
   // and fields fixed for the counter's life (written only when the pool hands the slot out):
   // readers, pollers and completions read them together with the values.
-  std::atomic<std::uint64_t> value{0};      ///< completion count (0 in a striped counter)
-  std::atomic<std::uint64_t> errors{0};     ///< error count (0 in a striped counter)
-  std::atomic<std::uint32_t> wake_seq{0};   ///< futex word: bumped when sleepers must wake
-  counter_type type = counter_type::wrs;    ///< read by completions right before their RMW
-  void* backend_data = nullptr;             ///< native counter object of the backend, if any
+  std::atomic<std::uint64_t> value{0}; ///< completion count (0 in a striped counter)
+  std::atomic<std::uint64_t> errors{0}; ///< error count (0 in a striped counter)
+  std::atomic<std::uint32_t> wake_seq{0}; ///< futex word: bumped when sleepers must wake
+  counter_type type = counter_type::wrs; ///< read by completions right before their RMW
+  void* backend_data = nullptr; ///< native counter object of the backend, if any
   /// Striped counters: the address of their stripes (stripe_mask + 1 of them, a power of two),
   /// plus 1 when there are exactly two (bit 0 is free: stripes are 128-byte aligned), so a read
   /// of the common 2-stripe counter needs no load of the count: two loads at displacements -1
   /// and 127 of this word (bench P12: 4 loads per read instead of 5). 0: a plain counter. Read
   /// by every read (value()/errors() sum the stripes when it is set); stripe_array() untags it.
   std::uintptr_t stripes = 0;
-  device_core* owner = nullptr;             ///< device whose counter this is
-  std::uint32_t index = 0;                  ///< position in the pool, fixed for the slot's life
+  device_core* owner = nullptr; ///< device whose counter this is
+  std::uint32_t index = 0; ///< position in the pool, fixed for the slot's life
   /// OS index of the NUMA node the pool assigned this slot's arena to, fixed for the slot's
   /// life (memory really lives there when slot_pool::memory_bound()).
   std::int32_t numa_node = 0;
-  std::uint32_t stripe_mask_ = 0;           ///< stripes - 1 (striped counters); stripe_mask()
-  std::int32_t cpu_offset = no_rseq;        ///< rseq_cpu_offset() (striped counters)
+  std::uint32_t stripe_mask_ = 0; ///< stripes - 1 (striped counters); stripe_mask()
+  std::int32_t cpu_offset = no_rseq; ///< rseq_cpu_offset() (striped counters)
 
   // ---- line 1: read by every update (hw before its RMW, watch after it), written rarely:
   // waiters registering, create/destroy, attach, in-flight queries. Keeping `watch` and `hw` off
   // line 0 matters when another core polls the value: an updater that loads from the line its
   // RMW just wrote, while the poller is fetching that line, pays for the line a second time
   // (bench P4: 1.7-2.4x a raw spin ping-pong with them on line 0, 1.02-1.16x here).
-  alignas(cache_line_size)
-  std::atomic<std::uint32_t> watch{0};      ///< sleepers | watch_fd_armed | watch_hook | pollers
+  alignas(cache_line_size) std::atomic<std::uint32_t> watch{
+      0}; ///< sleepers | watch_fd_armed | watch_hook | pollers
   /// Transient holds that keep the slot bound while the counter may already be destroyed
   /// (in-flight async queries, refreshers); never make destroy EBUSY. compcntr:lifetime.
   std::atomic<std::uint32_t> pins{0};
-  const hw_counter_ops* hw = nullptr;       ///< nullptr: plain software counter (read before the RMW)
+  const hw_counter_ops* hw = nullptr; ///< nullptr: plain software counter (read before the RMW)
   /// Bumped when the slot is freed (compcntr:lifetime): a counter_id taken from one owner
   /// never matches a later owner. 64 bits, so it cannot wrap while an id is kept (2^32 reuses
   /// of one slot take minutes in a create/destroy loop; 2^64 take millennia).
   std::atomic<std::uint64_t> generation{0};
-  std::atomic<std::uint32_t> next_free{0};  ///< pool free-list link (slot index + 1, 0 = end)
-  std::atomic<std::uint32_t> refs{0};       ///< owner + holders (compcntr:lifetime)
-  std::atomic<slot_ext*> ext{nullptr};      ///< optional features (see slot_ext)
+  std::atomic<std::uint32_t> next_free{0}; ///< pool free-list link (slot index + 1, 0 = end)
+  std::atomic<std::uint32_t> refs{0}; ///< owner + holders (compcntr:lifetime)
+  std::atomic<slot_ext*> ext{nullptr}; ///< optional features (see slot_ext)
   /// The C API's counter object (struct compcntr_comp_cntr and what it owns) lives here, on the
   /// line every update reads anyway, so a C counter costs no memory besides its slot and the
   /// inline C fast paths (include/compcntr/compcntr.h) load the slot pointer from a line that
@@ -180,46 +181,54 @@ struct alignas(false_sharing_range) slot {
   /// the value when the call began nor above the value when it returned (every word only grows
   /// between set()s), exact once updates have stopped.
   inline std::uint64_t load_value() const noexcept {
-    if (stripes != 0) [[unlikely]] return sum_stripes<&stripe::value>(std::memory_order_acquire);
+    if (stripes != 0) [[unlikely]]
+      return sum_stripes<&stripe::value>(std::memory_order_acquire);
     return value.load(std::memory_order_acquire);
   }
   /// Error count. Memory ordering: acquire (striped: as load_value()).
   inline std::uint64_t load_errors() const noexcept {
-    if (stripes != 0) [[unlikely]] return sum_stripes<&stripe::errors>(std::memory_order_acquire);
+    if (stripes != 0) [[unlikely]]
+      return sum_stripes<&stripe::errors>(std::memory_order_acquire);
     return errors.load(std::memory_order_acquire);
   }
   /// The same with seq_cst loads: what waiters re-check after registering in `watch` (the
   /// Dekker pairing of the file comment needs seq_cst loads of every word an update writes).
   inline std::uint64_t value_seq_cst() const noexcept {
-    if (stripes != 0) [[unlikely]] return sum_stripes<&stripe::value>(std::memory_order_seq_cst);
+    if (stripes != 0) [[unlikely]]
+      return sum_stripes<&stripe::value>(std::memory_order_seq_cst);
     return value.load(std::memory_order_seq_cst);
   }
   inline std::uint64_t errors_seq_cst() const noexcept {
-    if (stripes != 0) [[unlikely]] return sum_stripes<&stripe::errors>(std::memory_order_seq_cst);
+    if (stripes != 0) [[unlikely]]
+      return sum_stripes<&stripe::errors>(std::memory_order_seq_cst);
     return errors.load(std::memory_order_seq_cst);
   }
 
   /// value += n (wrapping at 2^64). Memory ordering: seq_cst RMW (see file comment).
   inline void add(std::uint64_t n) noexcept {
-    if (hw != nullptr) [[unlikely]] return hw_add(n);
+    if (hw != nullptr) [[unlikely]]
+      return hw_add(n);
     value.fetch_add(n, std::memory_order_seq_cst);
     notify();
   }
   /// errors += n. Memory ordering: as add().
   inline void add_error(std::uint64_t n) noexcept {
-    if (hw != nullptr) [[unlikely]] return hw_add_error(n);
+    if (hw != nullptr) [[unlikely]]
+      return hw_add_error(n);
     errors.fetch_add(n, std::memory_order_seq_cst);
     notify();
   }
   /// value = v. Memory ordering: seq_cst store; concurrent add()s may be lost (verbs rule).
   inline void set(std::uint64_t v) noexcept {
-    if (hw != nullptr) [[unlikely]] return hw->set(*this, v);
+    if (hw != nullptr) [[unlikely]]
+      return hw->set(*this, v);
     value.store(v, std::memory_order_seq_cst);
     notify();
   }
   /// errors = v. Memory ordering: as set().
   inline void set_error(std::uint64_t v) noexcept {
-    if (hw != nullptr) [[unlikely]] return hw->set_error(*this, v);
+    if (hw != nullptr) [[unlikely]]
+      return hw->set_error(*this, v);
     errors.store(v, std::memory_order_seq_cst);
     notify();
   }
@@ -238,9 +247,10 @@ struct alignas(false_sharing_range) slot {
   /// After an update: wake sleepers / signal armed fds, but only if someone is watching.
   /// The common case is one seq_cst load (a plain mov on x86-64) of a word on the same line.
   inline void notify() noexcept {
-    if (watch.load(std::memory_order_seq_cst) != 0) [[unlikely]] notify_slow();
+    if (watch.load(std::memory_order_seq_cst) != 0) [[unlikely]]
+      notify_slow();
   }
-  void notify_slow() noexcept;  // src/core/slot.cpp
+  void notify_slow() noexcept; // src/core/slot.cpp
   /// Wakes the counter's sleeping waiters and poll_any calls although its values did not change,
   /// so they re-decide how to sleep: called when the counter starts depending on a device
   /// progress source (attached to a QP whose completions must be driven), which a waiter that
@@ -248,7 +258,7 @@ struct alignas(false_sharing_range) slot {
   /// Memory ordering: a seq_cst fence, then the seq_cst load of `watch`: pairs with a waiter's
   /// registration RMW + fence before it looks at the device's progress sources, so either the
   /// waiter sees the new source or this sees the waiter. One fence and one load if nobody waits.
-  void kick() noexcept;  // src/core/slot.cpp
+  void kick() noexcept; // src/core/slot.cpp
 
  private:
   // Native counters go through their table; striped counters add to the caller's CPU's stripe
@@ -266,10 +276,10 @@ struct alignas(false_sharing_range) slot {
   // The sum of the stripes (a power of two, at least 2): two of them straight (told by the tag
   // bit of `stripes`, no load of the count), more four at a time with no remainder. A read of a
   // 2-stripe counter is then two loads and an add.
-  template <std::atomic<std::uint64_t> stripe::*Word>
+  template <std::atomic<std::uint64_t> stripe::* Word>
   [[gnu::always_inline]] inline std::uint64_t sum_stripes(std::memory_order mo) const noexcept {
     const std::uintptr_t w = stripes;
-    if (w & two_stripes_tag) [[likely]] {  // falls through: no taken branch more than before
+    if (w & two_stripes_tag) [[likely]] { // falls through: no taken branch more than before
       const stripe* st = reinterpret_cast<const stripe*>(w - two_stripes_tag);
       return (st[0].*Word).load(mo) + (st[1].*Word).load(mo);
     }
@@ -284,9 +294,11 @@ struct alignas(false_sharing_range) slot {
 
 static_assert(sizeof(slot) == false_sharing_range, "a slot is exactly one padded block");
 static_assert(offsetof(slot, watch) == cache_line_size, "watch and hw live on line 1");
-static_assert(offsetof(slot, stripes) < cache_line_size, "stripes is read with the values (line 0)");
-static_assert(offsetof(slot, c_api) + sizeof(slot::c_api) == sizeof(slot), "the C object ends line 1");
+static_assert(offsetof(slot, stripes) < cache_line_size,
+              "stripes is read with the values (line 0)");
+static_assert(offsetof(slot, c_api) + sizeof(slot::c_api) == sizeof(slot),
+              "the C object ends line 1");
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -92,7 +92,7 @@ struct poll_result {
   std::size_t index;
 };
 
-}  // namespace compcntr
+} // namespace compcntr
 
 export namespace compcntr::detail {
 
@@ -100,13 +100,13 @@ export namespace compcntr::detail {
 struct slot_list {
   const void* base;
   std::size_t size;
-  slot* (*at)(const void* base, std::size_t i) noexcept;  ///< nullptr: not a live counter
+  slot* (*at)(const void* base, std::size_t i) noexcept; ///< nullptr: not a live counter
 };
 
 /// One sleeping poll_any call. Internal.
 struct poll_waiter {
-  std::atomic<std::uint32_t> seq{0};       ///< futex word; bumped by every update it watches
-  std::atomic<std::uint32_t> sleeping{0};  ///< 1 while (about to be) in FUTEX_WAIT
+  std::atomic<std::uint32_t> seq{0}; ///< futex word; bumped by every update it watches
+  std::atomic<std::uint32_t> sleeping{0}; ///< 1 while (about to be) in FUTEX_WAIT
 };
 
 /// A poll_waiter's registration on one slot (an entry of the slot_ext's list). Internal.
@@ -160,7 +160,7 @@ void arm_slot_fd(slot& s, std::error_code& ec) noexcept;
 /// compcntr::arm_fd with a threshold on a slot.
 void arm_slot_fd_threshold(slot& s, std::uint64_t threshold, std::error_code& ec) noexcept;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr {
 
@@ -171,7 +171,8 @@ export namespace compcntr {
 inline std::errc wait(counter_view c, std::uint64_t threshold, std::chrono::milliseconds timeout,
                       const wait_options& opts) noexcept {
   detail::slot* s = c.native_slot();
-  if (s == nullptr) [[unlikely]] return detail::wait_on_empty();
+  if (s == nullptr) [[unlikely]]
+    return detail::wait_on_empty();
   // Already there: one acquire load, no clock, no progress call (values only grow, except by
   // set(), so a stale hardware mirror that already shows the threshold is right too). The slot's
   // own word, not load_value(): a striped counter's is 0 for its whole life (everything is in
@@ -192,11 +193,12 @@ inline std::errc wait_since(counter_view c, std::uint64_t threshold, std::uint64
                             std::chrono::milliseconds timeout,
                             const wait_options& opts = {}) noexcept {
   detail::slot* s = c.native_slot();
-  if (s == nullptr) [[unlikely]] return detail::wait_on_empty();
-  if (s->value.load(std::memory_order_acquire) >= threshold) return std::errc{};  // as wait()
-  return detail::wait_slot(
-      *s, {.need = threshold, .errors_seen = errors_seen, .sample_errors = false}, timeout.count(),
-      opts);
+  if (s == nullptr) [[unlikely]]
+    return detail::wait_on_empty();
+  if (s->value.load(std::memory_order_acquire) >= threshold) return std::errc{}; // as wait()
+  return detail::wait_slot(*s,
+                           {.need = threshold, .errors_seen = errors_seen, .sample_errors = false},
+                           timeout.count(), opts);
 }
 
 /// wait() with default options (5 us hot poll, back off, then sleep; no progress hook).
@@ -206,7 +208,7 @@ inline std::errc wait(counter_view c, std::uint64_t threshold,
                       std::chrono::milliseconds timeout) noexcept {
   if (const detail::slot* s = c.native_slot();
       s != nullptr && s->value.load(std::memory_order_acquire) >= threshold) [[likely]]
-    return std::errc{};  // as in wait() above (a striped counter's own word is 0)
+    return std::errc{}; // as in wait() above (a striped counter's own word is 0)
   return wait(c, threshold, timeout, wait_options{});
 }
 
@@ -222,8 +224,9 @@ poll_result poll_any(std::span<const counter> counters, std::span<const std::uin
                      std::chrono::milliseconds timeout, const wait_options& opts = {}) noexcept;
 /// poll_any over views (counters reached through counter_refs, device::resolve, ...; an empty
 /// view is invalid_argument).
-poll_result poll_any(std::span<const counter_view> counters, std::span<const std::uint64_t> thresholds,
-                     std::chrono::milliseconds timeout, const wait_options& opts = {}) noexcept;
+poll_result poll_any(std::span<const counter_view> counters,
+                     std::span<const std::uint64_t> thresholds, std::chrono::milliseconds timeout,
+                     const wait_options& opts = {}) noexcept;
 /// poll_any over counters held elsewhere (a null pointer is invalid_argument).
 poll_result poll_any(std::span<const counter* const> counters,
                      std::span<const std::uint64_t> thresholds, std::chrono::milliseconds timeout,
@@ -262,4 +265,4 @@ void arm_fd(counter_view c, std::error_code& ec) noexcept;
 /// seq_cst loads after the arming RMW and fence).
 void arm_fd(counter_view c, std::uint64_t threshold, std::error_code& ec) noexcept;
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -65,9 +65,9 @@ struct credit_peer {
 struct credit_check {
   enum result_t : std::uint8_t { taken, short_of_credits, inconsistent };
   result_t result;
-  std::uint64_t value;        ///< completion count read
-  std::uint64_t errors;       ///< error count read
-  std::uint64_t outstanding;  ///< issued - completed, modulo the counter's range
+  std::uint64_t value; ///< completion count read
+  std::uint64_t errors; ///< error count read
+  std::uint64_t outstanding; ///< issued - completed, modulo the counter's range
 };
 
 /// Checks a tracker's shape for `call` (messages name it): dev non-empty, 0 < npeers < 2^32,
@@ -82,7 +82,7 @@ std::uint64_t check_credit_windows(const char* call, const device& dev,
                                    std::span<const std::uint64_t> windows,
                                    std::error_code& ec) noexcept;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr {
 
@@ -92,8 +92,10 @@ class credit_tracker {
  public:
   credit_tracker() noexcept = default;
   inline credit_tracker(credit_tracker&& o) noexcept
-      : peers_(std::move(o.peers_)), owned_(std::move(o.owned_)),
-        npeers_(std::exchange(o.npeers_, 0)), credits_(std::exchange(o.credits_, 0)),
+      : peers_(std::move(o.peers_)),
+        owned_(std::move(o.owned_)),
+        npeers_(std::exchange(o.npeers_, 0)),
+        credits_(std::exchange(o.credits_, 0)),
         mask_(std::exchange(o.mask_, 0)) {}
   inline credit_tracker& operator=(credit_tracker&& o) noexcept {
     if (this != &o) {
@@ -155,12 +157,15 @@ class credit_tracker {
   /// peers(), n == 0 or n > window(peer). Only success takes credits.
   inline std::errc acquire(std::uint32_t peer, std::uint64_t n, std::chrono::milliseconds timeout,
                            const wait_options& opts = {}) noexcept {
-    if (peer >= npeers_) [[unlikely]] return bad_request("acquire", peer, n);
+    if (peer >= npeers_) [[unlikely]]
+      return bad_request("acquire", peer, n);
     detail::credit_peer& p = *peers_[peer];
     // n - 1 >= window catches n == 0 (wraps to UINT64_MAX) and n > window in one compare.
-    if (n - 1 >= p.window) [[unlikely]] return bad_request("acquire", peer, n);
+    if (n - 1 >= p.window) [[unlikely]]
+      return bad_request("acquire", peer, n);
     const detail::credit_check r = try_take(p, n);
-    if (r.result == detail::credit_check::taken) [[likely]] return std::errc{};
+    if (r.result == detail::credit_check::taken) [[likely]]
+      return std::errc{};
     return acquire_slow(peer, n, r, timeout.count(), opts);
   }
   /// acquire(peer, n, 0ms): one check (which also drives the device's progress sources).
@@ -196,7 +201,7 @@ class credit_tracker {
   /// consistent, above half the range when they are not. Precondition: peer < peers().
   inline std::uint64_t outstanding(std::uint32_t peer) const noexcept {
     const counter_view c = peers_[peer]->c;
-    const std::uint64_t done = c.value() + c.errors();  // before issued (acquire loads)
+    const std::uint64_t done = c.value() + c.errors(); // before issued (acquire loads)
     return (peers_[peer]->issued.load(std::memory_order_relaxed) - done) & mask_;
   }
   /// Checked outstanding(): std::errc{} and `out`, value_too_large (inconsistent counts, `out`
@@ -207,12 +212,13 @@ class credit_tracker {
   /// One admission check for `n` credits: reads the counter first, then CASes issued.
   /// Memory ordering: file comment.
   inline detail::credit_check try_take(detail::credit_peer& p, std::uint64_t n) noexcept {
-    const std::uint64_t v = p.c.value();   // acquire
-    const std::uint64_t e = p.c.errors();  // acquire: the load of issued stays after both
+    const std::uint64_t v = p.c.value(); // acquire
+    const std::uint64_t e = p.c.errors(); // acquire: the load of issued stays after both
     std::uint64_t i = p.issued.load(std::memory_order_relaxed);
     for (;;) {
       const std::uint64_t out = (i - v - e) & mask_;
-      if (out > (mask_ >> 1)) [[unlikely]] return {detail::credit_check::inconsistent, v, e, out};
+      if (out > (mask_ >> 1)) [[unlikely]]
+        return {detail::credit_check::inconsistent, v, e, out};
       // out <= mask/2 and n <= (mask + 1)/4: no overflow.
       if (out + n > p.window) return {detail::credit_check::short_of_credits, v, e, out};
       if (p.issued.compare_exchange_weak(i, i + n, std::memory_order_relaxed,
@@ -229,10 +235,10 @@ class credit_tracker {
                          std::int64_t timeout_ms, const wait_options& opts) noexcept;
 
   std::unique_ptr<cache_padded<detail::credit_peer>[]> peers_;
-  std::unique_ptr<counter[]> owned_;  ///< the counters create() made; null after adopt()
+  std::unique_ptr<counter[]> owned_; ///< the counters create() made; null after adopt()
   std::uint32_t npeers_ = 0;
-  std::uint64_t credits_ = 0;  ///< the largest window
-  std::uint64_t mask_ = 0;  ///< the counters' max_value (2^k - 1): the modulus of every count
+  std::uint64_t credits_ = 0; ///< the largest window
+  std::uint64_t mask_ = 0; ///< the counters' max_value (2^k - 1): the modulus of every count
 };
 
-}  // namespace compcntr
+} // namespace compcntr

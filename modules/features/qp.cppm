@@ -49,8 +49,8 @@ import :error;
 // The verbs objects a wrapped QP refers to (rdma-core's <infiniband/verbs.h> defines them).
 // Declared here, attached to the global module, so the interface needs no verbs header.
 export extern "C++" {
-struct ibv_qp;
-struct ibv_cq_ex;
+  struct ibv_qp;
+  struct ibv_cq_ex;
 }
 
 export namespace compcntr {
@@ -98,7 +98,8 @@ struct verbs_qp_options {
   /// (SEND, RECV, RDMA_READ or RDMA_WRITE) and its length. Return 0 if known. Used for error
   /// completions (verbs leaves their opcode undefined) and for the length of SEND/RDMA_WRITE
   /// completions (providers need not report it). See docs/verbs.md for what happens without it.
-  int (*wr_info)(void* ctx, std::uint64_t wr_id, std::uint32_t* op, std::uint64_t* length) = nullptr;
+  int (*wr_info)(void* ctx, std::uint64_t wr_id, std::uint32_t* op,
+                 std::uint64_t* length) = nullptr;
   void* wr_info_ctx = nullptr;
 };
 
@@ -148,7 +149,8 @@ class qp_impl {
   /// The counter serving `op` on this QP, or nullptr. Memory ordering: acquire (pairs with the
   /// release store in attach()).
   inline slot* served(attach_op op) const noexcept {
-    return served_[std::countr_zero(static_cast<std::uint32_t>(op))].load(std::memory_order_acquire);
+    return served_[std::countr_zero(static_cast<std::uint32_t>(op))].load(
+        std::memory_order_acquire);
   }
   /// One completion of `op` on this QP: success adds 1 (WRS) or `bytes` (BYTES) to the counter
   /// serving `op`, failure adds 1 to its error count. No counter: nothing happens.
@@ -175,14 +177,14 @@ class qp_impl {
   /// Programs native hardware for a validated attachment (nothing for software counting).
   virtual std::error_code attach_hook(slot&, std::uint32_t /*op_mask*/) noexcept { return {}; }
 
-  mutable std::mutex ctl_;         ///< control path: transitions, connect, attach
+  mutable std::mutex ctl_; ///< control path: transitions, connect, attach
   std::atomic<qp_state> state_;
 
  private:
   device_core* dev_;
   std::uint32_t qp_num_;
   std::atomic<slot*> served_[attach_op_count] = {};
-  std::vector<slot*> attached_;    ///< guarded by ctl_; one counter reference each
+  std::vector<slot*> attached_; ///< guarded by ctl_; one counter reference each
 };
 
 /// Optional capability of a backend (backend::qps()): QPs and memory registrations made by
@@ -220,7 +222,7 @@ std::uint32_t next_qp_num() noexcept;
 qp_impl* wrap_verbs_qp(device_core& dev, ibv_qp* vqp, const verbs_qp_options& opts,
                        std::error_code& ec) noexcept;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr {
 
@@ -297,4 +299,4 @@ class qp {
   detail::qp_impl* q_ = nullptr;
 };
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -117,4 +117,4 @@ class mirror_refresher {
   state* st_ = nullptr;
 };
 
-}  // namespace compcntr
+} // namespace compcntr

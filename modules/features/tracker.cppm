@@ -73,14 +73,14 @@ export namespace compcntr::detail {
 /// other fields are fixed or written only by reporting quiets: two blocks, so issuers never
 /// pull the line quiet reads.
 struct tracker_state {
-  cache_padded<std::atomic<std::uint64_t>> issued;    ///< operations issued since creation
-  cache_padded<std::atomic<std::uint64_t>> reported;  ///< error value the last report saw
-  counter_ref ref;                                    ///< keeps the counter alive
-  std::uint64_t base = 0;                             ///< value + errors at creation
-  std::uint64_t mask = 0;                             ///< the counter range - 1 (2^k - 1)
+  cache_padded<std::atomic<std::uint64_t>> issued; ///< operations issued since creation
+  cache_padded<std::atomic<std::uint64_t>> reported; ///< error value the last report saw
+  counter_ref ref; ///< keeps the counter alive
+  std::uint64_t base = 0; ///< value + errors at creation
+  std::uint64_t mask = 0; ///< the counter range - 1 (2^k - 1)
 };
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr {
 
@@ -109,7 +109,8 @@ class completion_tracker {
   /// `n` more operations issued (0: nothing). invalid_argument (nothing changes) for an empty
   /// tracker or n above a quarter of the counter range. Memory ordering: relaxed.
   inline std::errc issue(std::uint64_t n = 1) noexcept {
-    if (s_ == nullptr || n > (s_->mask >> 2) + 1) [[unlikely]] return bad_issue(n);  // > 2^62
+    if (s_ == nullptr || n > (s_->mask >> 2) + 1) [[unlikely]]
+      return bad_issue(n); // > 2^62
     s_->issued->fetch_add(n, std::memory_order_relaxed);
     return std::errc{};
   }
@@ -126,7 +127,7 @@ class completion_tracker {
   /// issued - completed modulo the counter range: what is still in flight while the counts are
   /// consistent; above half the range when completions were counted before their issue().
   inline std::uint64_t outstanding() const noexcept {
-    const std::uint64_t done = completed();  // before issued: a stale issued only shrinks it
+    const std::uint64_t done = completed(); // before issued: a stale issued only shrinks it
     return (issued() - done) & s_->mask;
   }
   /// Error value the last reporting quiet recorded (the counter's at creation before any).
@@ -140,14 +141,17 @@ class completion_tracker {
   /// first (timeout 0: check once, after one progress call if a hook is set and the first check
   /// failed; < 0: forever). invalid_argument for an empty tracker. Options as compcntr::wait
   /// (a wait hook that drives the network). Memory ordering: acquire.
-  inline std::errc quiet(std::chrono::milliseconds timeout, const wait_options& opts = {}) noexcept {
-    if (s_ == nullptr) [[unlikely]] return bad_issue(0);
+  inline std::errc quiet(std::chrono::milliseconds timeout,
+                         const wait_options& opts = {}) noexcept {
+    if (s_ == nullptr) [[unlikely]]
+      return bad_issue(0);
     const std::uint64_t target = s_->issued->load(std::memory_order_relaxed);
     const std::uint64_t v = s_->ref.value();
     const std::uint64_t e = s_->ref.errors();
     const std::uint64_t rem = (target - (v + e - s_->base)) & s_->mask;
     if (rem == 0 || rem > (s_->mask >> 1)) [[likely]] {
-      if (e == s_->reported->load(std::memory_order_relaxed)) [[likely]] return std::errc{};
+      if (e == s_->reported->load(std::memory_order_relaxed)) [[likely]]
+        return std::errc{};
       return report(e);
     }
     return quiet_slow(target, v, e, timeout.count(), opts);
@@ -165,4 +169,4 @@ class completion_tracker {
   std::unique_ptr<detail::tracker_state> s_;
 };
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -24,10 +24,10 @@ namespace compcntr::c_api {
 // The slot layout the inline fast paths of <compcntr/compcntr.h> rely on (their ABI).
 using compcntr::detail::slot;
 static_assert(offsetof(slot, value) == offsetof(compcntr_comp_cntr_slot_, value) &&
-              offsetof(slot, errors) == offsetof(compcntr_comp_cntr_slot_, errors) &&
-              offsetof(slot, stripes) == offsetof(compcntr_comp_cntr_slot_, stripes) &&
-              offsetof(slot, watch) == offsetof(compcntr_comp_cntr_slot_, watch) &&
-              offsetof(slot, hw) == offsetof(compcntr_comp_cntr_slot_, hw),
+                  offsetof(slot, errors) == offsetof(compcntr_comp_cntr_slot_, errors) &&
+                  offsetof(slot, stripes) == offsetof(compcntr_comp_cntr_slot_, stripes) &&
+                  offsetof(slot, watch) == offsetof(compcntr_comp_cntr_slot_, watch) &&
+                  offsetof(slot, hw) == offsetof(compcntr_comp_cntr_slot_, hw),
               "struct compcntr_comp_cntr_slot_ (compcntr.h) must match compcntr::detail::slot");
 static_assert(sizeof(std::atomic<std::uint64_t>) == 8 && sizeof(std::atomic<std::uint32_t>) == 4);
 static_assert(sizeof(c_counter) <= sizeof(slot::c_api) && alignof(c_counter) <= 8,
@@ -64,8 +64,8 @@ std::uint32_t owner_code(const char* name) noexcept {
 }
 
 const char* owner_name(std::uint32_t code) noexcept {
-  const char* n = code <= max_owner_names ? owner_names[code].load(std::memory_order_acquire)
-                                          : nullptr;
+  const char* n =
+      code <= max_owner_names ? owner_names[code].load(std::memory_order_acquire) : nullptr;
   return n != nullptr ? n : "another object";
 }
 }  // namespace
@@ -135,7 +135,8 @@ const char* compcntr_device_name(const struct compcntr_device* dev) {
   return dev->name.c_str();
 }
 
-int compcntr_query_comp_cntr_caps(struct compcntr_device* dev, struct compcntr_comp_cntr_caps* caps) {
+int compcntr_query_comp_cntr_caps(struct compcntr_device* dev,
+                                  struct compcntr_comp_cntr_caps* caps) {
   if (!dev) return null_arg("query_comp_cntr_caps", "dev");
   if (!caps) return null_arg("query_comp_cntr_caps", "caps");
   const compcntr::counter_caps c = dev->dev.caps();
@@ -153,8 +154,8 @@ struct compcntr_comp_cntr* compcntr_create_comp_cntr(struct compcntr_device* dev
   constexpr std::uint32_t known_mask =
       COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE | COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
   if (attr->comp_mask & ~known_mask)
-    return fail_null<compcntr_comp_cntr>(
-        fail(EINVAL, "create_comp_cntr: unknown comp_mask bit(s) 0x%x", attr->comp_mask & ~known_mask));
+    return fail_null<compcntr_comp_cntr>(fail(
+        EINVAL, "create_comp_cntr: unknown comp_mask bit(s) 0x%x", attr->comp_mask & ~known_mask));
   if (attr->flags != 0)
     return fail_null<compcntr_comp_cntr>(
         fail(EINVAL, "create_comp_cntr: flags must be 0 (got 0x%x)", attr->flags));
@@ -183,8 +184,11 @@ int compcntr_destroy_comp_cntr(struct compcntr_comp_cntr* cc) {
   if (!cc) return null_arg("destroy_comp_cntr", "cc");
   // Acquire: pairs with set_owner's release (an owner set before this call is seen).
   if (const std::uint32_t owner = impl(cc)->owner.load(std::memory_order_acquire))
-    return compcntr::detail::fail(EBUSY, "destroy_comp_cntr: counter %u is owned by %s; it stays "
-                                  "usable", cc->handle, owner_name(owner)).value();
+    return compcntr::detail::fail(EBUSY,
+                                  "destroy_comp_cntr: counter %u is owned by %s; it stays "
+                                  "usable",
+                                  cc->handle, owner_name(owner))
+        .value();
   return destroy_c_counter(impl(cc));
 }
 
@@ -200,12 +204,16 @@ int compcntr_comp_cntr_set_owner(struct compcntr_comp_cntr* cc, const char* owne
   }
   const std::uint32_t code = owner_code(owner);
   if (code == 0)
-    return compcntr::detail::fail(ENOMEM, "comp_cntr_set_owner: more than %zu distinct owner "
-                                  "names in this process", max_owner_names).value();
+    return compcntr::detail::fail(ENOMEM,
+                                  "comp_cntr_set_owner: more than %zu distinct owner "
+                                  "names in this process",
+                                  max_owner_names)
+        .value();
   std::uint32_t none = 0;
   if (!impl(cc)->owner.compare_exchange_strong(none, code, std::memory_order_acq_rel))
     return compcntr::detail::fail(EBUSY, "comp_cntr_set_owner: counter %u is already owned by %s",
-                                  cc->handle, owner_name(none)).value();
+                                  cc->handle, owner_name(none))
+        .value();
   return 0;
 }
 

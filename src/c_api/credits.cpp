@@ -27,18 +27,18 @@ using namespace compcntr::c_api;
 using compcntr::detail::fail;
 
 struct compcntr_credits {
-  compcntr::credit_tracker cxx;  // emptied first by the destructor: it stops using the counters
+  compcntr::credit_tracker cxx; // emptied first by the destructor: it stops using the counters
   std::uint32_t npeers = 0;
-  std::unique_ptr<c_counter*[]> counters;        // one per peer; owned unless adopted
-  std::unique_ptr<compcntr::counter_ref[]> pins;  // keep destroy_comp_cntr EBUSY
-  bool owns = true;                               // false: adopted, the caller's counters
+  std::unique_ptr<c_counter*[]> counters; // one per peer; owned unless adopted
+  std::unique_ptr<compcntr::counter_ref[]> pins; // keep destroy_comp_cntr EBUSY
+  bool owns = true; // false: adopted, the caller's counters
 
   ~compcntr_credits() {
-    cxx = compcntr::credit_tracker{};  // stops using the counters first
+    cxx = compcntr::credit_tracker{}; // stops using the counters first
     for (std::uint32_t i = 0; i < npeers; ++i) {
       if (pins) pins[i].reset();
       if (owns && counters && counters[i])
-        drop_c_counter(counters[i]);  // attached to a live QP: the slot lives on with the QP
+        drop_c_counter(counters[i]); // attached to a live QP: the slot lives on with the QP
     }
   }
 };
@@ -67,33 +67,32 @@ int peer_range(const char* call, const compcntr_credits* cr, std::uint32_t peer)
   return fail(EINVAL, "%s: peer %u out of range (%u peers)", call, peer, cr->npeers).value();
 }
 
-
 // create and create_per_peer: windows == nullptr means credits_per_peer for every peer.
 compcntr_credits* create_impl(compcntr_device* dev, std::uint32_t npeers,
                               std::uint64_t credits_per_peer, const std::uint64_t* windows) {
   std::unique_ptr<compcntr_credits> cr(new (std::nothrow) compcntr_credits{});
   if (!cr) return fail_null<compcntr_credits>(fail(ENOMEM, "credits_create: out of memory"));
   std::error_code ec;
-  if ((windows == nullptr
-           ? compcntr::detail::check_credit_shape("credits_create", dev->dev, npeers,
-                                                  credits_per_peer, ec)
-           : compcntr::detail::check_credit_windows("credits_create", dev->dev, {windows, npeers},
-                                                    ec)) == 0)
+  if ((windows == nullptr ? compcntr::detail::check_credit_shape("credits_create", dev->dev, npeers,
+                                                                 credits_per_peer, ec)
+                          : compcntr::detail::check_credit_windows("credits_create", dev->dev,
+                                                                   {windows, npeers}, ec)) == 0)
     return fail_null<compcntr_credits>(ec);
   const compcntr::counter_caps caps = dev->dev.caps();
   const std::uint32_t room =
       caps.max_counters - std::min(caps.max_counters, dev->dev.live_counters());
   if (npeers > room)
-    return fail_null<compcntr_credits>(fail(ENOMEM, "credits_create: %u peers need %u counters, "
-                                            "the device has room for %u more", npeers, npeers,
-                                            room));
+    return fail_null<compcntr_credits>(fail(ENOMEM,
+                                            "credits_create: %u peers need %u counters, "
+                                            "the device has room for %u more",
+                                            npeers, npeers, room));
   cr->counters.reset(new (std::nothrow) c_counter*[npeers]());
   cr->pins.reset(new (std::nothrow) compcntr::counter_ref[npeers]);
   std::unique_ptr<compcntr::counter*[]> cxx(new (std::nothrow) compcntr::counter*[npeers]);
   if (!cr->counters || !cr->pins || !cxx)
     return fail_null<compcntr_credits>(
         fail(ENOMEM, "credits_create: out of memory for %u peers", npeers));
-  cr->npeers = npeers;  // from here on the destructor cleans up whatever exists
+  cr->npeers = npeers; // from here on the destructor cleans up whatever exists
   // Undoes everything before setting errno (a destructor must not clobber it).
   auto undo = [&](std::error_code e) {
     cr.reset();
@@ -128,7 +127,7 @@ int peer_count(const char* call, compcntr_credits* cr, std::uint32_t peer, std::
   return 0;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" {
 
@@ -141,7 +140,8 @@ struct compcntr_credits* compcntr_credits_create(struct compcntr_device* dev, ui
 struct compcntr_credits* compcntr_credits_create_per_peer(struct compcntr_device* dev,
                                                           uint32_t npeers,
                                                           const uint64_t* windows) {
-  if (!dev) return fail_null<compcntr_credits>(fail(EINVAL, "credits_create_per_peer: dev is NULL"));
+  if (!dev)
+    return fail_null<compcntr_credits>(fail(EINVAL, "credits_create_per_peer: dev is NULL"));
   if (!windows)
     return fail_null<compcntr_credits>(fail(EINVAL, "credits_create_per_peer: windows is NULL"));
   return create_impl(dev, npeers, 0, windows);
@@ -174,7 +174,7 @@ struct compcntr_credits* compcntr_credits_adopt(struct compcntr_device* dev,
         fail(ENOMEM, "credits_adopt: out of memory for %u peers", npeers));
   cr->npeers = npeers;
   auto undo = [&](std::error_code e) {
-    cr.reset();  // drops the references taken so far; the counters stay the caller's
+    cr.reset(); // drops the references taken so far; the counters stay the caller's
     return fail_null<compcntr_credits>(e);
   };
   for (std::uint32_t i = 0; i < npeers; ++i) {
@@ -198,8 +198,9 @@ int compcntr_credits_issued(struct compcntr_credits* cr, uint32_t peer, uint64_t
 }
 
 int compcntr_credits_completed(struct compcntr_credits* cr, uint32_t peer, uint64_t* completed) {
-  return peer_count("credits_completed", cr, peer, completed, "completed",
-                    [](const compcntr::credit_tracker& t, std::uint32_t p) { return t.completed(p); });
+  return peer_count(
+      "credits_completed", cr, peer, completed, "completed",
+      [](const compcntr::credit_tracker& t, std::uint32_t p) { return t.completed(p); });
 }
 
 int compcntr_credits_window(struct compcntr_credits* cr, uint32_t peer, uint64_t* window) {
@@ -241,8 +242,8 @@ int compcntr_credits_outstanding(struct compcntr_credits* cr, uint32_t peer,
 struct compcntr_comp_cntr* compcntr_credits_counter(struct compcntr_credits* cr, uint32_t peer) {
   if (!cr) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "credits_counter: cr is NULL"));
   if (peer >= cr->npeers)
-    return fail_null<compcntr_comp_cntr>(std::error_code(peer_range("credits_counter", cr, peer),
-                                                         std::generic_category()));
+    return fail_null<compcntr_comp_cntr>(
+        std::error_code(peer_range("credits_counter", cr, peer), std::generic_category()));
   return pub(cr->counters[peer]);
 }
 
@@ -252,4 +253,4 @@ int compcntr_credits_destroy(struct compcntr_credits* cr) {
   return 0;
 }
 
-}  // extern "C"
+} // extern "C"

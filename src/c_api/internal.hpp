@@ -42,15 +42,17 @@ struct c_counter {
 static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
 static_assert(std::is_standard_layout_v<c_counter> && std::is_standard_layout_v<compcntr::counter>);
 static_assert(sizeof(c_counter) == sizeof(compcntr_comp_cntr) &&
-              offsetof(c_counter, context) == offsetof(compcntr_comp_cntr, context) &&
-              offsetof(c_counter, handle) == offsetof(compcntr_comp_cntr, handle) &&
-              offsetof(c_counter, owner) == offsetof(compcntr_comp_cntr, reserved_) &&
-              offsetof(c_counter, cxx) == offsetof(compcntr_comp_cntr, slot_) &&
-              sizeof(compcntr::counter) == sizeof(compcntr_comp_cntr::slot_),
+                  offsetof(c_counter, context) == offsetof(compcntr_comp_cntr, context) &&
+                  offsetof(c_counter, handle) == offsetof(compcntr_comp_cntr, handle) &&
+                  offsetof(c_counter, owner) == offsetof(compcntr_comp_cntr, reserved_) &&
+                  offsetof(c_counter, cxx) == offsetof(compcntr_comp_cntr, slot_) &&
+                  sizeof(compcntr::counter) == sizeof(compcntr_comp_cntr::slot_),
               "c_counter must have the layout of struct compcntr_comp_cntr");
 
 inline c_counter* impl(compcntr_comp_cntr* cc) noexcept { return reinterpret_cast<c_counter*>(cc); }
-inline compcntr_comp_cntr* pub(c_counter* c) noexcept { return reinterpret_cast<compcntr_comp_cntr*>(c); }
+inline compcntr_comp_cntr* pub(c_counter* c) noexcept {
+  return reinterpret_cast<compcntr_comp_cntr*>(c);
+}
 
 #if defined(__SANITIZE_ADDRESS__)
 inline constexpr bool c_counters_on_heap = true;
@@ -96,11 +98,13 @@ inline int wait_attr_options(const char* call, const compcntr_wait_attr* attr,
   if (attr == nullptr) return 0;
   if ((attr->comp_mask & ~known) != 0)
     return fail(EINVAL, "%s: unknown comp_mask bit(s) 0x%x in the wait attributes", call,
-                attr->comp_mask & ~known).value();
+                attr->comp_mask & ~known)
+        .value();
   if ((attr->comp_mask & COMPCNTR_WAIT_ATTR_SPIN) != 0) {
     if (attr->spin_ns < 0)
       return fail(EINVAL, "%s: spin_ns must be >= 0 (got %lld)", call,
-                  static_cast<long long>(attr->spin_ns)).value();
+                  static_cast<long long>(attr->spin_ns))
+          .value();
     o.spin = attr->spin_ns == COMPCNTR_WAIT_SPIN_FOREVER ? compcntr::spin_forever
                                                          : std::chrono::nanoseconds(attr->spin_ns);
   }

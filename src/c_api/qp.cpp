@@ -33,8 +33,10 @@ c_mr* impl(compcntr_mr* mr) noexcept { return reinterpret_cast<c_mr*>(mr); }
 static_assert(compcntr::access::local_write == COMPCNTR_ACCESS_LOCAL_WRITE);
 static_assert(compcntr::access::remote_write == COMPCNTR_ACCESS_REMOTE_WRITE);
 static_assert(compcntr::access::remote_read == COMPCNTR_ACCESS_REMOTE_READ);
-static_assert(static_cast<uint32_t>(compcntr::attach_op::send) == COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND);
-static_assert(static_cast<uint32_t>(compcntr::attach_op::recv) == COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV);
+static_assert(static_cast<uint32_t>(compcntr::attach_op::send) ==
+              COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND);
+static_assert(static_cast<uint32_t>(compcntr::attach_op::recv) ==
+              COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV);
 static_assert(static_cast<uint32_t>(compcntr::attach_op::rdma_read) ==
               COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_READ);
 static_assert(static_cast<uint32_t>(compcntr::attach_op::remote_rdma_read) ==
@@ -115,8 +117,8 @@ struct compcntr_mr* compcntr_reg_mr(struct compcntr_device* dev, void* addr, siz
                                     int access) {
   if (!dev) return fail_null<compcntr_mr>(fail(EINVAL, "reg_mr: dev is NULL"));
   if (access < 0)
-    return fail_null<compcntr_mr>(fail(EINVAL, "reg_mr: unknown access bit(s) 0x%x",
-                                       static_cast<unsigned>(access)));
+    return fail_null<compcntr_mr>(
+        fail(EINVAL, "reg_mr: unknown access bit(s) 0x%x", static_cast<unsigned>(access)));
   auto* m = new (std::nothrow) c_mr{};
   if (!m) return fail_null<compcntr_mr>(fail(ENOMEM, "reg_mr: out of memory"));
   std::error_code ec;

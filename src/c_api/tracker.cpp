@@ -44,7 +44,8 @@ struct compcntr_tracker* compcntr_tracker_create(struct compcntr_comp_cntr* comp
   auto* t = new (std::nothrow) compcntr_tracker{};
   if (!t) return fail_null<compcntr_tracker>(fail(ENOMEM, "tracker_create: out of memory"));
   std::error_code ec;
-  t->cxx = compcntr::completion_tracker::create(completions->context->dev, impl(completions)->cxx, ec);
+  t->cxx =
+      compcntr::completion_tracker::create(completions->context->dev, impl(completions)->cxx, ec);
   if (ec) {
     delete t;
     return fail_null<compcntr_tracker>(ec);

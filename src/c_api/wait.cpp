@@ -25,7 +25,8 @@ int wait_impl(const char* call, compcntr_comp_cntr* cc, std::uint64_t threshold,
 }
 
 int poll_impl(const char* call, compcntr_comp_cntr* const* ccs, const std::uint64_t* thresholds,
-              std::size_t n, int timeout_ms, std::size_t* which, const compcntr_wait_attr* attr) noexcept {
+              std::size_t n, int timeout_ms, std::size_t* which,
+              const compcntr_wait_attr* attr) noexcept {
   if (!ccs) return null_arg(call, "ccs");
   if (!thresholds) return null_arg(call, "thresholds");
   if (!which) return null_arg(call, "which");

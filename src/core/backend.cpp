@@ -58,9 +58,10 @@ std::error_code max_counters_from_env(std::uint32_t& out) noexcept {
     ok = ok && v <= slot_pool::max_capacity;  // also stops before v * 10 could overflow
   }
   if (!ok || v == 0)
-    return fail(EINVAL, "open_device: COMPCNTR_MAX_COUNTERS='%s' is not a decimal count in 1..%u "
-                "(digits only; unset it for the default %u)", env, slot_pool::max_capacity,
-                default_max_counters);
+    return fail(EINVAL,
+                "open_device: COMPCNTR_MAX_COUNTERS='%s' is not a decimal count in 1..%u "
+                "(digits only; unset it for the default %u)",
+                env, slot_pool::max_capacity, default_max_counters);
   out = static_cast<std::uint32_t>(v);
   return {};
 }

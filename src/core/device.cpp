@@ -99,8 +99,9 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
   }
   if (!core_->type_ok(opts.type)) [[unlikely]] {
     ec = core_->be().check_type(opts.type);
-    if (!ec) ec = detail::fail(ENOTSUP, "create_comp_cntr: counter type %u not supported by the device",
-                               static_cast<unsigned>(opts.type));
+    if (!ec)
+      ec = detail::fail(ENOTSUP, "create_comp_cntr: counter type %u not supported by the device",
+                        static_cast<unsigned>(opts.type));
     return {};
   }
   const std::uint32_t stripes = detail::stripe_count(opts.stripes);

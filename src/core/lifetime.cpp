@@ -55,10 +55,12 @@ std::error_code destroy_counter_slot(slot& s) noexcept {
   std::uint32_t expected = 1;
   if (!s.refs.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
                                       std::memory_order_acquire))
-    return fail(EBUSY, "destroy_comp_cntr: counter %u is still attached to a QP or held by a "
-                "counter_ref, a credit tracker or a completion tracker (%u reference(s) besides its "
-                "owner's)", s.index,
-                expected - 1);
+    return fail(
+        EBUSY,
+        "destroy_comp_cntr: counter %u is still attached to a QP or held by a "
+        "counter_ref, a credit tracker or a completion tracker (%u reference(s) besides its "
+        "owner's)",
+        s.index, expected - 1);
   // refs stays 0 from here on: an attach or a resolve() that looks now sees 0 and is refused.
   // (Storing 1 back and dropping it with unref_counter_slot would reopen a window in which an
   // attach or a resolve() succeeds on a counter being destroyed.)
@@ -73,15 +75,18 @@ void unpin_slot(slot& s) noexcept {
 slot* resolve_counter_slot(slot_pool& pool, counter_id h, std::error_code& ec) noexcept {
   slot* s = pool.find(h.index);
   if (!s) {
-    fail_into(ec, EINVAL, "resolve: counter id {index %u, generation %llu} names no counter "
-              "slot of this device", h.index, static_cast<unsigned long long>(h.generation));
+    fail_into(ec, EINVAL,
+              "resolve: counter id {index %u, generation %llu} names no counter "
+              "slot of this device",
+              h.index, static_cast<unsigned long long>(h.generation));
     return nullptr;
   }
   auto stale = [&] {
     const std::uint64_t now = s->generation.load(std::memory_order_relaxed);
-    fail_into(ec, ESTALE, "resolve: counter id {index %u, generation %llu} is stale: its "
-              "counter was destroyed (slot %u is at generation %llu)", h.index,
-              static_cast<unsigned long long>(h.generation), h.index,
+    fail_into(ec, ESTALE,
+              "resolve: counter id {index %u, generation %llu} is stale: its "
+              "counter was destroyed (slot %u is at generation %llu)",
+              h.index, static_cast<unsigned long long>(h.generation), h.index,
               static_cast<unsigned long long>(now));
     return static_cast<slot*>(nullptr);
   };
@@ -96,11 +101,11 @@ slot* resolve_counter_slot(slot_pool& pool, counter_id h, std::error_code& ec) n
   //    generation bump of the recycling release is visible here.
   gen = s->generation.load(std::memory_order_acquire);
   if (gen != h.generation) {
-    unref_counter_slot(*s);  // the new owner's counter: drop what we took, touch nothing else
+    unref_counter_slot(*s); // the new owner's counter: drop what we took, touch nothing else
     return stale();
   }
   ec.clear();
   return s;
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -104,7 +104,8 @@ numa_topology* load_numa_topology(const pool_config& cfg) noexcept {
     if (cfg.synthetic && hwloc_topology_set_synthetic(topo, cfg.synthetic) != 0) {
       const int err = errno;
       hwloc_topology_destroy(topo);
-      t->problem = sprintf_string("hwloc rejected the synthetic description '%s': %s", cfg.synthetic, err);
+      t->problem =
+          sprintf_string("hwloc rejected the synthetic description '%s': %s", cfg.synthetic, err);
       return t;
     }
     if (!cfg.synthetic && cfg.xml_file && hwloc_topology_set_xml(topo, cfg.xml_file) != 0) {
@@ -134,14 +135,15 @@ numa_topology* load_numa_topology(const pool_config& cfg) noexcept {
       // opening the device rather than to the first counter (and to no counter's memory).
       hwloc_nodeset_t set = hwloc_bitmap_alloc();
       hwloc_membind_policy_t policy;
-      if (set) hwloc_get_membind(topo, set, &policy, HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET);
+      if (set)
+        hwloc_get_membind(topo, set, &policy, HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET);
       hwloc_bitmap_free(set);
     }
     if (!hwloc_topology_is_thissystem(topo))
       t->problem = t->source + " is not this system: arenas are not bound to their nodes";
     else if (!t->can_bind)
       t->problem = "hwloc cannot bind memory on this system: arenas are not bound to their nodes";
-  } catch (...) {  // std::bad_alloc from a string or vector
+  } catch (...) { // std::bad_alloc from a string or vector
     destroy_numa_topology(t);
     return nullptr;
   }
@@ -188,8 +190,8 @@ std::string numa_topology_describe(const numa_topology* t) {
 
 void* numa_topology_alloc(numa_topology* t, int dense, std::size_t bytes, bool& bound) noexcept {
   bound = false;
-  if (!t || !t->topo) return std::aligned_alloc(4096, bytes);  // bytes is a multiple of 4096
-  if (!t->can_bind) return hwloc_alloc(t->topo, bytes);       // page-aligned, unbound
+  if (!t || !t->topo) return std::aligned_alloc(4096, bytes); // bytes is a multiple of 4096
+  if (!t->can_bind) return hwloc_alloc(t->topo, bytes); // page-aligned, unbound
   hwloc_obj_t node = t->nodes[static_cast<std::size_t>(dense)];
   // BIND without STRICT: Linux MPOL_PREFERRED, i.e. pages come from the node while it has free
   // memory and from another node rather than failing (a counter must never SIGBUS).
@@ -216,4 +218,4 @@ void numa_topology_free(numa_topology* t, void* p, std::size_t bytes) noexcept {
 
 void* numa_topology_hwloc(const numa_topology* t) noexcept { return t ? t->topo : nullptr; }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -61,7 +61,9 @@ constexpr std::uint64_t pack(std::uint32_t hi, std::uint32_t lo) noexcept {
   return (std::uint64_t{hi} << 32) | lo;
 }
 constexpr std::uint32_t lo_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>(w); }
-constexpr std::uint32_t hi_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>(w >> 32); }
+constexpr std::uint32_t hi_of(std::uint64_t w) noexcept {
+  return static_cast<std::uint32_t>(w >> 32);
+}
 
 std::uint32_t round_up_pow2(std::uint32_t v) noexcept {
   std::uint32_t p = 1;
@@ -70,7 +72,8 @@ std::uint32_t round_up_pow2(std::uint32_t v) noexcept {
 }
 }  // namespace
 
-slot_pool::slot_pool(std::uint32_t capacity) noexcept : slot_pool(pool_config{.capacity = capacity}) {}
+slot_pool::slot_pool(std::uint32_t capacity) noexcept
+    : slot_pool(pool_config{.capacity = capacity}) {}
 
 slot_pool::slot_pool(const pool_config& cfg) noexcept
     : capacity_(cfg.capacity > max_capacity ? max_capacity : cfg.capacity),
@@ -93,8 +96,10 @@ slot_pool::slot_pool(const pool_config& cfg) noexcept
 
   // Budget: capacity_ slots, plus room for every other node to own one arena; indices must stay
   // below 2^32 - 1 (a free-list link is index + 1).
-  std::uint64_t budget = capacity_ == 0 ? 0
-      : (std::uint64_t{capacity_} + arena_slots_ - 1) / arena_slots_ + static_cast<std::uint64_t>(node_count_ - 1);
+  std::uint64_t budget = capacity_ == 0
+                             ? 0
+                             : (std::uint64_t{capacity_} + arena_slots_ - 1) / arena_slots_ +
+                                   static_cast<std::uint64_t>(node_count_ - 1);
   const std::uint64_t index_limit = 0xffffffffull / arena_slots_;
   if (budget > index_limit) budget = index_limit;  // still >= ceil(capacity_ / arena_slots_)
   arena_budget_ = static_cast<std::uint32_t>(budget);
@@ -103,10 +108,12 @@ slot_pool::slot_pool(const pool_config& cfg) noexcept
   arenas_.reset(new (std::nothrow) arena_entry[arena_budget_ ? arena_budget_ : 1]);
   int max_os = 0;
   for (int i = 0; i < topo_nodes; ++i)
-    if (numa_topology_node_os_index(topo_, i) > max_os) max_os = numa_topology_node_os_index(topo_, i);
+    if (numa_topology_node_os_index(topo_, i) > max_os)
+      max_os = numa_topology_node_os_index(topo_, i);
   os_to_dense_.reset(new (std::nothrow) std::int16_t[static_cast<std::size_t>(max_os) + 1]);
   const int max_cpu = numa_topology_max_cpu(topo_);
-  cpu_to_dense_.reset(new (std::nothrow) std::int16_t[static_cast<std::size_t>(max_cpu < 0 ? 0 : max_cpu) + 1]);
+  cpu_to_dense_.reset(new (std::nothrow)
+                          std::int16_t[static_cast<std::size_t>(max_cpu < 0 ? 0 : max_cpu) + 1]);
   if (!nodes_ || !arenas_ || !os_to_dense_ || !cpu_to_dense_) {
     // Out of memory at device open: a pool that refuses every allocation (ENOMEM).
     if (!nodes_) nodes_.reset(new (std::nothrow) node_state[1]);
@@ -135,7 +142,8 @@ slot_pool::slot_pool(const pool_config& cfg) noexcept
 slot_pool::~slot_pool() {
   const std::uint32_t used = arenas_used_.load(std::memory_order_acquire);
   const std::size_t bytes = std::size_t{arena_slots_} * sizeof(slot);
-  static_assert(std::is_trivially_destructible_v<slot>, "arenas are freed without destructor calls");
+  static_assert(std::is_trivially_destructible_v<slot>,
+                "arenas are freed without destructor calls");
   for (std::uint32_t a = 0; a < used; ++a)
     numa_topology_free(topo_, arenas_[a].base.load(std::memory_order_relaxed), bytes);
   destroy_numa_topology(topo_);
@@ -168,7 +176,8 @@ bool slot_pool::reserve() noexcept {
   std::uint64_t w = live_->load(std::memory_order_relaxed);
   do {
     if (static_cast<std::uint32_t>(w) >= capacity_) return false;
-  } while (!live_->compare_exchange_weak(w, w + 1, std::memory_order_relaxed, std::memory_order_relaxed));
+  } while (!live_->compare_exchange_weak(w, w + 1, std::memory_order_relaxed,
+                                         std::memory_order_relaxed));
   return true;
 }
 
@@ -200,7 +209,8 @@ void slot_pool::push_free(node_state& n, slot& s) noexcept {
   do {
     s.next_free.store(lo_of(head), std::memory_order_relaxed);
   } while (!n.free_head->compare_exchange_weak(head, pack(hi_of(head) + 1, s.index + 1),
-                                               std::memory_order_release, std::memory_order_relaxed));
+                                               std::memory_order_release,
+                                               std::memory_order_relaxed));
 }
 
 slot* slot_pool::bump_slot(node_state& n, std::uint64_t& seen) noexcept {
@@ -222,7 +232,7 @@ slot* slot_pool::bump_slot(node_state& n, std::uint64_t& seen) noexcept {
 slot* slot_pool::construct_slot(void* where, std::uint32_t index, int node) noexcept {
   slot* s = new (where) slot;
   s->index = index;
-  s->numa_node = nodes_[node].os_index;  // fixed for the slot's life
+  s->numa_node = nodes_[node].os_index; // fixed for the slot's life
   return s;
 }
 
@@ -237,7 +247,7 @@ slot_pool::grow_result slot_pool::grow(int node, std::uint64_t seen, slot*& out)
   const std::size_t bytes = std::size_t{arena_slots_} * sizeof(slot);
   bool bound = false;
   void* mem = numa_topology_alloc(topo_, node, bytes, bound);
-  if (!mem) return grow_result::no_memory;  // nothing consumed: the next call tries again
+  if (!mem) return grow_result::no_memory; // nothing consumed: the next call tries again
   // Slots are constructed one by one as bump_slot() hands them out, not here: an arena's pages
   // are only touched (and resident) once used, so resident memory is 128 B per slot ever used,
   // and the critical section stays short.
@@ -274,7 +284,8 @@ slot* slot_pool::take(int node, std::error_code& ec) noexcept {
       if (slot* s = bump_slot(o, seen)) return s;
     }
     if (g == grow_result::no_memory) {
-      fail_into(ec, ENOMEM, "out of memory for a new arena of %u counter slots (%zu bytes) on NUMA node %d",
+      fail_into(ec, ENOMEM,
+                "out of memory for a new arena of %u counter slots (%zu bytes) on NUMA node %d",
                 arena_slots_, std::size_t{arena_slots_} * sizeof(slot), nodes_[node].os_index);
       return nullptr;
     }
@@ -292,15 +303,17 @@ slot* slot_pool::allocate(int numa_node, std::error_code& ec) noexcept {
     char list[128];
     int len = 0;
     for (int i = 0; i < node_count_ && len < 100; ++i)
-      len += std::snprintf(list + len, sizeof list - static_cast<std::size_t>(len), "%s%d", i ? "," : "",
-                           nodes_[i].os_index);
+      len += std::snprintf(list + len, sizeof list - static_cast<std::size_t>(len), "%s%d",
+                           i ? "," : "", nodes_[i].os_index);
     fail_into(ec, EINVAL, "NUMA node %d does not exist (this device's topology has node(s) %s)",
               numa_node, list);
     return nullptr;
   }
   if (!reserve()) {
-    fail_into(ec, ENOMEM, "counter pool is full: %u counters live (max_counters; set "
-              "COMPCNTR_MAX_COUNTERS before opening the device to change it)", capacity_);
+    fail_into(ec, ENOMEM,
+              "counter pool is full: %u counters live (max_counters; set "
+              "COMPCNTR_MAX_COUNTERS before opening the device to change it)",
+              capacity_);
     return nullptr;
   }
   slot* s = take(node, ec);
@@ -319,4 +332,4 @@ bool slot_pool::release(slot& s) noexcept {
   return live_->fetch_sub(1, std::memory_order_acq_rel) == 1;
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

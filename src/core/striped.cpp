@@ -21,11 +21,12 @@ namespace compcntr::detail {
 namespace {
 
 // The sum of stripes 1.. (all but the one set() writes).
-template <std::atomic<std::uint64_t> stripe::*Word>
+template <std::atomic<std::uint64_t> stripe::* Word>
 std::uint64_t others_sum(const slot& s) noexcept {
   std::uint64_t v = 0;
   const stripe* st = s.stripe_array();
-  for (std::uint32_t i = 1; i <= s.stripe_mask(); ++i) v += (st[i].*Word).load(std::memory_order_seq_cst);
+  for (std::uint32_t i = 1; i <= s.stripe_mask(); ++i)
+    v += (st[i].*Word).load(std::memory_order_seq_cst);
   return v;
 }
 
@@ -60,8 +61,9 @@ const hw_counter_ops striped_counter_ops = {striped_add, striped_add_error, stri
 std::uint32_t stripe_count_slow(std::uint32_t requested) noexcept {
   if (requested == stripes_per_cpu) {
     const long cpus = ::sysconf(_SC_NPROCESSORS_CONF);
-    const std::uint32_t n = cpus < 1 ? 1u : cpus > long{max_stripes} ? max_stripes
-                                                                       : static_cast<std::uint32_t>(cpus);
+    const std::uint32_t n = cpus < 1                   ? 1u
+                            : cpus > long{max_stripes} ? max_stripes
+                                                       : static_cast<std::uint32_t>(cpus);
     return round_up_pow2(n);
   }
   if (requested > max_stripes) return 0;
@@ -71,7 +73,7 @@ std::uint32_t stripe_count_slow(std::uint32_t requested) noexcept {
 std::error_code make_striped(slot& s, std::uint32_t n) noexcept {
   if (s.hw != nullptr)
     return fail(ENOTSUP, "create_comp_cntr: striped counters need a software counter; device "
-                "counters of this device are native (hardware-backed)");
+                         "counters of this device are native (hardware-backed)");
   stripe* st = new (std::nothrow) stripe[n];
   if (st == nullptr)
     return fail(ENOMEM, "create_comp_cntr: out of memory for %u stripes (%zu bytes)", n,

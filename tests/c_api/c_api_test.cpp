@@ -119,7 +119,8 @@ TEST_CASE("create: flags, comp_mask and type are checked; refusals create nothin
       {2, 0, 0, 0, "type"},
       {0xffffffffu, 0, 0, 0, "type"},
       {COMPCNTR_COMP_CNTR_TYPE_WRS, COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE, 0, -1, "NUMA node"},
-      {COMPCNTR_COMP_CNTR_TYPE_WRS, COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE, 0, 1 << 20, "NUMA node"},
+      {COMPCNTR_COMP_CNTR_TYPE_WRS, COMPCNTR_COMP_CNTR_INIT_ATTR_NUMA_NODE, 0, 1 << 20,
+       "NUMA node"},
   };
   for (const auto& bc : cases) {
     auto a = attr_of(bc.type, bc.comp_mask, bc.flags, bc.numa);
@@ -251,7 +252,8 @@ TEST_CASE("concurrent C increments are exact") {
   for (int t = 0; t < threads; ++t)
     ts.emplace_back([&] {
       for (int i = 0; i < per; ++i)
-        if (compcntr_inc_comp_cntr(cc, 1) != 0 || compcntr_inc_err_comp_cntr(cc, 2) != 0) failures++;
+        if (compcntr_inc_comp_cntr(cc, 1) != 0 || compcntr_inc_err_comp_cntr(cc, 2) != 0)
+          failures++;
     });
   for (auto& t : ts) t.join();
   CHECK(failures.load() == 0);

@@ -4,12 +4,12 @@
 #include <errno.h>
 #include <stdio.h>
 
-#define EXPECT(cond)                                                              \
-	do {                                                                      \
-		if (!(cond)) {                                                    \
-			fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-			return 1;                                                 \
-		}                                                                 \
+#define EXPECT(cond)                                                                               \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond);         \
+			return 1;                                                                  \
+		}                                                                                  \
 	} while (0)
 
 int main(void)

@@ -6,12 +6,12 @@
 #include <stdio.h>
 #include <string.h>
 
-#define EXPECT(cond)                                                              \
-	do {                                                                      \
-		if (!(cond)) {                                                    \
-			fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-			return 1;                                                 \
-		}                                                                 \
+#define EXPECT(cond)                                                                               \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond);         \
+			return 1;                                                                  \
+		}                                                                                  \
 	} while (0)
 
 int main(void)
@@ -23,9 +23,12 @@ int main(void)
 	struct compcntr_comp_cntr_init_attr ca = { .type = COMPCNTR_COMP_CNTR_TYPE_BYTES };
 	struct compcntr_comp_cntr *cc = compcntr_create_comp_cntr(dev, &ca);
 	EXPECT(cc != NULL);
-	struct compcntr_qp_attach_comp_cntr_attr attr = { .op_mask = COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV };
+	struct compcntr_qp_attach_comp_cntr_attr attr = {
+		.op_mask = COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV
+	};
 	EXPECT(compcntr_qp_attach_comp_cntr(b, cc, &attr) == 0);
-	EXPECT(compcntr_modify_qp(a, (enum compcntr_qp_state)9) == EINVAL); /* legal C, unknown state */
+	EXPECT(compcntr_modify_qp(a, (enum compcntr_qp_state)9) ==
+	       EINVAL); /* legal C, unknown state */
 	EXPECT(strcmp(compcntr_last_error_message(), "modify_qp: unknown state 9") == 0);
 	EXPECT(compcntr_qp_state(a) == COMPCNTR_QPS_RESET);
 	EXPECT(compcntr_modify_qp(a, COMPCNTR_QPS_INIT) == 0);
@@ -36,7 +39,8 @@ int main(void)
 	char msg[] = "hello, counters";
 	char out[32] = { 0 };
 	struct compcntr_mr *smr = compcntr_reg_mr(dev, msg, sizeof msg, 0);
-	struct compcntr_mr *rmr = compcntr_reg_mr(dev, out, sizeof out, COMPCNTR_ACCESS_LOCAL_WRITE);
+	struct compcntr_mr *rmr =
+	        compcntr_reg_mr(dev, out, sizeof out, COMPCNTR_ACCESS_LOCAL_WRITE);
 	EXPECT(smr != NULL && rmr != NULL);
 	EXPECT(compcntr_post_recv(b, 1, out, sizeof out, rmr->lkey) == 0);
 	EXPECT(compcntr_post_send(a, 2, msg, sizeof msg, smr->lkey) == 0);

@@ -17,7 +17,8 @@ struct soft {
   ~soft() { CHECK(compcntr_close_device(dev) == 0); }
 };
 
-compcntr_comp_cntr* counter(compcntr_device* dev, compcntr_comp_cntr_type t = COMPCNTR_COMP_CNTR_TYPE_WRS) {
+compcntr_comp_cntr* counter(compcntr_device* dev,
+                            compcntr_comp_cntr_type t = COMPCNTR_COMP_CNTR_TYPE_WRS) {
   compcntr_comp_cntr_init_attr a{};
   a.type = t;
   compcntr_comp_cntr* cc = compcntr_create_comp_cntr(dev, &a);
@@ -132,7 +133,8 @@ TEST_CASE("C: loopback send/recv, RDMA write/read and an error completion") {
                                               COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE |
                                               COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_READ};
   REQUIRE(compcntr_qp_attach_comp_cntr(a, a_ops, &aa) == 0);
-  aa.op_mask = COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV | COMPCNTR_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE |
+  aa.op_mask = COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV |
+               COMPCNTR_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE |
                COMPCNTR_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_READ;
   REQUIRE(compcntr_qp_attach_comp_cntr(b, b_bytes, &aa) == 0);
   CHECK(compcntr_connect_qp(a, b) == EINVAL);  // RESET
@@ -148,9 +150,9 @@ TEST_CASE("C: loopback send/recv, RDMA write/read and an error completion") {
   std::memset(window, '.', sizeof window);
   compcntr_mr* smr = compcntr_reg_mr(s.dev, src, sizeof src, COMPCNTR_ACCESS_LOCAL_WRITE);
   compcntr_mr* dmr = compcntr_reg_mr(s.dev, dst, sizeof dst, COMPCNTR_ACCESS_LOCAL_WRITE);
-  compcntr_mr* wmr = compcntr_reg_mr(s.dev, window, sizeof window,
-                                     COMPCNTR_ACCESS_LOCAL_WRITE | COMPCNTR_ACCESS_REMOTE_WRITE |
-                                         COMPCNTR_ACCESS_REMOTE_READ);
+  compcntr_mr* wmr = compcntr_reg_mr(
+      s.dev, window, sizeof window,
+      COMPCNTR_ACCESS_LOCAL_WRITE | COMPCNTR_ACCESS_REMOTE_WRITE | COMPCNTR_ACCESS_REMOTE_READ);
   REQUIRE(smr);
   REQUIRE(dmr);
   REQUIRE(wmr);

@@ -82,8 +82,10 @@ TEST_CASE("C wait_since: EIO against the caller's error baseline, the first chec
       rc = compcntr_wait_comp_cntr_since(cc, v + 1, e, -1, &a);
     });
     REQUIRE(eventually_blocked(tid));
-    if (by_error) compcntr_inc_err_comp_cntr(cc, 1);
-    else compcntr_inc_comp_cntr(cc, 1);
+    if (by_error)
+      compcntr_inc_err_comp_cntr(cc, 1);
+    else
+      compcntr_inc_comp_cntr(cc, 1);
     w.join();
     CHECK(rc.load() == (by_error ? EIO : 0));
   }

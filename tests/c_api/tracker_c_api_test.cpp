@@ -189,7 +189,8 @@ TEST_CASE("C tracker: quiet_ex drives a progress hook; timeout 0 calls it once")
   a.progress = [](void* p) {
     auto* x = static_cast<st*>(p);
     ++x->calls;
-    if (x->complete_every != 0 && x->calls % x->complete_every == 0) compcntr_inc_comp_cntr(x->cc, 1);
+    if (x->complete_every != 0 && x->calls % x->complete_every == 0)
+      compcntr_inc_comp_cntr(x->cc, 1);
   };
   a.progress_ctx = &s;
   compcntr_tracker_issue(f.t, 1);
@@ -223,7 +224,8 @@ TEST_CASE("C tracker: RDMA writes over loopback QPs; a failed write is EIO once"
   const auto raddr = reinterpret_cast<std::uint64_t>(win.data());
   for (int i = 0; i < 16; ++i) {
     REQUIRE(compcntr_tracker_issue(f.t, 1) == 0);
-    REQUIRE(compcntr_post_rdma_write(a, i, src.data(), 64, smr->lkey, raddr + 64 * i, wmr->rkey) == 0);
+    REQUIRE(compcntr_post_rdma_write(a, i, src.data(), 64, smr->lkey, raddr + 64 * i, wmr->rkey) ==
+            0);
   }
   CHECK(compcntr_tracker_quiet(f.t, 1000) == 0);
   CHECK(win[1023] == 'r');

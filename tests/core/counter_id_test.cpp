@@ -31,11 +31,14 @@ using compcntr::detail::slot_pool;
 
 namespace {
 
-bool contains(std::string_view hay, std::string_view needle) { return hay.find(needle) != hay.npos; }
+bool contains(std::string_view hay, std::string_view needle) {
+  return hay.find(needle) != hay.npos;
+}
 
 }  // namespace
 
-TEST_CASE("counter ids: resolve a live counter, ESTALE after destroy even once the slot is reused") {
+TEST_CASE(
+    "counter ids: resolve a live counter, ESTALE after destroy even once the slot is reused") {
   auto dev = open_soft();
   std::error_code ec;
   auto c = dev.create_counter(compcntr::counter_type::bytes, ec);
@@ -85,7 +88,8 @@ TEST_CASE("counter ids: resolve a live counter, ESTALE after destroy even once t
   CHECK(ec == std::errc::invalid_argument);
 }
 
-TEST_CASE("counter ids: a counter_ref outlives its owner's reset(); the last holder frees the slot") {
+TEST_CASE(
+    "counter ids: a counter_ref outlives its owner's reset(); the last holder frees the slot") {
   auto dev = open_soft();
   std::error_code ec;
   auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
@@ -183,6 +187,6 @@ TEST_CASE("counter ids under races: resolve racing with the owner's destruction"
     }
     user.join();
     CHECK(bad.load() == 0);
-    CHECK(dev.live_counters() == 0);  // freed exactly once, by the last holder
+    CHECK(dev.live_counters() == 0); // freed exactly once, by the last holder
   }
 }

@@ -26,8 +26,6 @@ using test_support::open_soft;
 
 namespace {
 
-
-
 // Sets an environment variable for one scope.
 struct scoped_env {
   std::string name;
@@ -65,7 +63,8 @@ TEST_CASE("devices: soft, auto and unknown names") {
   auto none = compcntr::device::open("mlx5_does_not_exist", ec);
   CHECK(ec == std::errc::no_such_device);
   CHECK_FALSE(none);
-  CHECK(std::string(compcntr::last_error_message()).find("mlx5_does_not_exist") != std::string::npos);
+  CHECK(std::string(compcntr::last_error_message()).find("mlx5_does_not_exist") !=
+        std::string::npos);
 }
 
 TEST_CASE("caps of the software device") {
@@ -197,7 +196,8 @@ TEST_CASE("capacity: COMPCNTR_MAX_COUNTERS, ENOMEM changes nothing, destroy free
   auto fifth = dev.create_counter(compcntr::counter_type::wrs, ec);
   CHECK(ec == std::errc::not_enough_memory);
   CHECK_FALSE(fifth);
-  CHECK(std::string(compcntr::last_error_message()).find("COMPCNTR_MAX_COUNTERS") != std::string::npos);
+  CHECK(std::string(compcntr::last_error_message()).find("COMPCNTR_MAX_COUNTERS") !=
+        std::string::npos);
   CHECK(dev.live_counters() == 4);
   for (int i = 0; i < 4; ++i) CHECK(cs[i].value() == 10u + i);
 

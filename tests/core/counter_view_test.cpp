@@ -84,8 +84,8 @@ TEST_CASE("poll_any over views") {
   const std::array<compcntr::counter_view, 3> views{a, rb, c};
   const std::array<std::uint64_t, 3> thresholds{1, 2, 1};
   b.add(2);
-  compcntr::poll_result p = compcntr::poll_any(std::span<const compcntr::counter_view>(views),
-                                               thresholds, 0ms);
+  compcntr::poll_result p =
+      compcntr::poll_any(std::span<const compcntr::counter_view>(views), thresholds, 0ms);
   CHECK(p.status == std::errc{});
   CHECK(p.index == 1);
   c.add_error(1);
@@ -155,8 +155,8 @@ TEST_CASE("cmd_completion::query a view, alone and in a batch") {
   REQUIRE_FALSE(ec);
   CHECK(resp.wr_id == 11);
   CHECK(resp.values.completions == 9);
-  const std::vector<compcntr::query_request> reqs{{r.view(), 12}, {&c, 13},
-                                                   {compcntr::counter_view{}, 14}};
+  const std::vector<compcntr::query_request> reqs{
+      {r.view(), 12}, {&c, 13}, {compcntr::counter_view{}, 14}};
   CHECK(cmd.query(reqs, ec) == 2);
   CHECK(ec == std::errc::invalid_argument);
   std::array<compcntr::query_response, 2> out{};

@@ -30,7 +30,6 @@ using test_util::eventually;
 
 namespace {
 
-
 std::vector<compcntr::counter> make_n(compcntr::device& dev, std::size_t n) {
   std::vector<compcntr::counter> v;
   for (std::size_t i = 0; i < n; ++i) {
@@ -149,8 +148,8 @@ TEST_CASE("poll_any: fair, ready counters are returned in turn") {
 TEST_CASE("poll_any: a sleeping poller is woken by any of its counters, in every mode") {
   auto dev = open_soft();
   auto cs = make_n(dev, 3);
-  const std::chrono::nanoseconds spins[] = {compcntr::default_spin, std::chrono::nanoseconds::zero(),
-                                            compcntr::spin_forever};
+  const std::chrono::nanoseconds spins[] = {
+      compcntr::default_spin, std::chrono::nanoseconds::zero(), compcntr::spin_forever};
   for (std::size_t round = 0; round < 6; ++round) {
     const std::size_t target = round % 3;
     CAPTURE(round);
@@ -197,7 +196,8 @@ TEST_CASE("poll_any: more counters than the on-stack state, and pollers beside w
   std::vector<std::thread> ts;
   for (int p = 0; p < 2; ++p)
     ts.emplace_back([&, p] { idx[p] = compcntr::poll_any(cs, th, 30s, forced_sleep()).index; });
-  ts.emplace_back([&] { waited = static_cast<int>(compcntr::wait(cs[77], 1, 30s, forced_sleep())); });
+  ts.emplace_back(
+      [&] { waited = static_cast<int>(compcntr::wait(cs[77], 1, 30s, forced_sleep())); });
   REQUIRE(eventually([&] {
     return has_poller(cs[0]) && has_poller(cs[99]) &&
            (cs[77].native_slot()->watch.load() & compcntr::detail::watch_sleepers_mask) == 1;
@@ -259,7 +259,7 @@ TEST_CASE("poll_any: 20,000-round ping-pong through polls loses no wake-up") {
     return r.status == std::errc{} && r.index == k && test_util::clock_type::now() - t0 < lost;
   };
   auto pauses = [](std::uint64_t& x, std::uint64_t mask) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17; // xorshift64
     for (std::uint64_t k = x & mask; k > 0; --k) compcntr::cpu_relax();
   };
   std::atomic<std::uint64_t> fail_a{0}, fail_b{0};
@@ -272,20 +272,18 @@ TEST_CASE("poll_any: 20,000-round ping-pong through polls loses no wake-up") {
         fail_a = i;
         break;
       }
-      left[k].set(0);  // consume
+      left[k].set(0); // consume
       right[k].add(1);
     }
   });
   compcntr::wait_options main_opts;
   main_opts.spin = 50us;
   std::uint64_t x = 0x2545f4914f6cdd1du;
-  std::uint64_t registered_seen = 0;  // aimed rounds in which the poller went to sleep
+  std::uint64_t registered_seen = 0; // aimed rounds in which the poller went to sleep
   for (std::uint64_t i = 1; i <= rounds; ++i) {
     const std::size_t k = (i / 4) % n;
     if (i % 4 != 0) {
-      auto registered = [&] {
-        return has_poller(left[i % 4 == 2 ? 0 : n - 1]);
-      };
+      auto registered = [&] { return has_poller(left[i % 4 == 2 ? 0 : n - 1]); };
       const auto guard = test_util::clock_type::now() + 30s;
       for (unsigned spins = 0; !registered(); ++spins) {
         if (spins < 1024) {
@@ -308,7 +306,7 @@ TEST_CASE("poll_any: 20,000-round ping-pong through polls loses no wake-up") {
     right[k].set(0);
   }
   other.join();
-  CHECK(registered_seen == rounds / 4 * 3);  // the sleep path was taken in every aimed round
+  CHECK(registered_seen == rounds / 4 * 3); // the sleep path was taken in every aimed round
   CHECK(fail_a.load() == 0);
   CHECK(fail_b.load() == 0);
 }
@@ -318,7 +316,7 @@ TEST_CASE("pollable fd: readable only after a change once armed, through epoll")
   auto cs = make_n(dev, 1);
   auto& c = cs[0];
   std::error_code ec;
-  compcntr::arm_fd(c, ec);  // no fd yet
+  compcntr::arm_fd(c, ec); // no fd yet
   CHECK(ec == std::errc::invalid_argument);
   const int fd = compcntr::pollable_fd(c, ec);
   REQUIRE_FALSE(ec);
@@ -334,23 +332,23 @@ TEST_CASE("pollable fd: readable only after a change once armed, through epoll")
   REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
 
   CHECK(ready(ep) == 0);
-  c.add(1);  // not armed: nothing, and the increment did not even look at the fd
+  c.add(1); // not armed: nothing, and the increment did not even look at the fd
   CHECK(ready(ep) == 0);
   CHECK(c.native_slot()->watch.load() == 0);
 
   compcntr::arm_fd(c, ec);
   REQUIRE_FALSE(ec);
   CHECK(c.native_slot()->watch.load() == compcntr::detail::watch_fd_armed);
-  CHECK(ready(ep) == 0);  // armed, no change yet
+  CHECK(ready(ep) == 0); // armed, no change yet
   c.add(1);
   CHECK(ready(ep) == 1);
-  CHECK(c.native_slot()->watch.load() == 0);  // one-shot: later updates pay nothing
+  CHECK(c.native_slot()->watch.load() == 0); // one-shot: later updates pay nothing
   c.add(1);
-  CHECK(ready(ep) == 1);  // stays readable until re-armed
+  CHECK(ready(ep) == 1); // stays readable until re-armed
 
-  compcntr::arm_fd(c, ec);  // drains
+  compcntr::arm_fd(c, ec); // drains
   CHECK(ready(ep) == 0);
-  c.add_error(1);  // errors count as changes too
+  c.add_error(1); // errors count as changes too
   CHECK(ready(ep) == 1);
   compcntr::arm_fd(c, ec);
   CHECK(ready(ep) == 0);
@@ -367,7 +365,7 @@ TEST_CASE("pollable fd: readable only after a change once armed, through epoll")
   CHECK(got.load() == 1);
 
   ::close(ep);
-  cs.clear();  // destroying the counter closes its fd
+  cs.clear(); // destroying the counter closes its fd
   CHECK(::fcntl(fd, F_GETFD) == -1);
   CHECK(errno == EBADF);
 }

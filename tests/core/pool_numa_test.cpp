@@ -38,7 +38,9 @@ int fake_current_cpu() noexcept { return fake_cpu; }
 
 std::string topology_file(const char* name) { return std::string(COMPCNTR_TESTS_DIR) + "/" + name; }
 
-bool contains(std::string_view hay, std::string_view needle) { return hay.find(needle) != hay.npos; }
+bool contains(std::string_view hay, std::string_view needle) {
+  return hay.find(needle) != hay.npos;
+}
 
 slot* take(slot_pool& p, int node) {
   std::error_code ec;
@@ -75,7 +77,8 @@ struct scoped_pin {
   cpu_set_t old;
   bool ok = false;
   explicit scoped_pin(int cpu) {
-    if (pthread_getaffinity_np(pthread_self(), sizeof old, &old) != 0 || !CPU_ISSET(cpu, &old)) return;
+    if (pthread_getaffinity_np(pthread_self(), sizeof old, &old) != 0 || !CPU_ISSET(cpu, &old))
+      return;
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
@@ -88,9 +91,10 @@ struct scoped_pin {
 
 }  // namespace
 
-TEST_CASE("synthetic 2-node topology: the calling thread's CPU picks the node; explicit and invalid nodes") {
-  slot_pool pool(pool_config{.capacity = 1000, .synthetic = "numa:2 core:2 pu:1",
-                             .current_cpu = fake_current_cpu});
+TEST_CASE("synthetic 2-node topology: the calling thread's CPU picks the node; explicit and "
+          "invalid nodes") {
+  slot_pool pool(pool_config{
+      .capacity = 1000, .synthetic = "numa:2 core:2 pu:1", .current_cpu = fake_current_cpu});
   REQUIRE(pool.numa_nodes() == 2);
   CHECK(pool.numa_node_id(0) == 0);
   CHECK(pool.numa_node_id(1) == 1);
@@ -147,7 +151,8 @@ TEST_CASE("synthetic 2-node topology: the calling thread's CPU picks the node; e
 }
 
 TEST_CASE("synthetic 4-node topology: every node reachable by CPU and explicitly") {
-  slot_pool pool(pool_config{.capacity = 1 << 16, .synthetic = "pack:2 numa:2 core:2 pu:1",
+  slot_pool pool(pool_config{.capacity = 1 << 16,
+                             .synthetic = "pack:2 numa:2 core:2 pu:1",
                              .current_cpu = fake_current_cpu});
   REQUIRE(pool.numa_nodes() == 4);
   CHECK(pool.arena_slots() == slot_pool::default_arena_slots);
@@ -179,20 +184,21 @@ TEST_CASE("synthetic 4-node topology: every node reachable by CPU and explicitly
 
 TEST_CASE("XML topology: node OS indexes with gaps and a CPU-less memory node") {
   const std::string xml = topology_file("topology-3node.xml");
-  slot_pool pool(pool_config{.capacity = 1000, .xml_file = xml.c_str(), .current_cpu = fake_current_cpu});
+  slot_pool pool(
+      pool_config{.capacity = 1000, .xml_file = xml.c_str(), .current_cpu = fake_current_cpu});
   REQUIRE(pool.numa_nodes() == 3);
   CHECK(pool.numa_node_id(0) == 0);
   CHECK(pool.numa_node_id(1) == 2);
   CHECK(pool.numa_node_id(2) == 5);
   CHECK_FALSE(pool.binding_supported());
-  for (int cpu = 0; cpu < 4; ++cpu) {  // CPUs 0-1: node 0, CPUs 2-3: node 2; never the memory node 5
+  for (int cpu = 0; cpu < 4; ++cpu) { // CPUs 0-1: node 0, CPUs 2-3: node 2; never the memory node 5
     fake_cpu = cpu;
     CHECK(pool.current_numa_node() == (cpu < 2 ? 0 : 2));
     slot* s = take(pool, -1);
     CHECK(s->numa_node == (cpu < 2 ? 0 : 2));
     pool.release(*s);
   }
-  slot* mem = take(pool, 5);  // explicit: the memory-only node
+  slot* mem = take(pool, 5); // explicit: the memory-only node
   CHECK(mem->numa_node == 5);
   pool.release(*mem);
   for (int bad : {1, 3, 4, 6}) {
@@ -233,11 +239,13 @@ TEST_CASE("a thread bound to a node's CPU gets that node (device, HWLOC_SYNTHETI
     REQUIRE_FALSE(ec);
     CHECK(c.numa_node() == cpu);
     // Explicit nodes through the C++ options.
-    auto other = dev.create_counter({.type = compcntr::counter_type::wrs, .numa_node = 1 - cpu}, ec);
+    auto other =
+        dev.create_counter({.type = compcntr::counter_type::wrs, .numa_node = 1 - cpu}, ec);
     REQUIRE_FALSE(ec);
     CHECK(other.numa_node() == 1 - cpu);
   }
-  if (tested < 2) MESSAGE("only " << tested << " of CPUs 0,1 usable: real-binding placement partly untested");
+  if (tested < 2)
+    MESSAGE("only " << tested << " of CPUs 0,1 usable: real-binding placement partly untested");
   CHECK(tested >= 1);
   std::error_code ec;
   auto bad = dev.create_counter({.type = compcntr::counter_type::wrs, .numa_node = 2}, ec);
@@ -283,7 +291,8 @@ TEST_CASE("C API: the NUMA comp_mask bit, compcntr_comp_cntr_numa_node, invalid 
   CHECK(compcntr_close_device(dev) == 0);
 }
 
-TEST_CASE("real machine: a slot's memory is on the node the pool claimed (hwloc_get_area_memlocation)") {
+TEST_CASE(
+    "real machine: a slot's memory is on the node the pool claimed (hwloc_get_area_memlocation)") {
   scoped_env no_syn("HWLOC_SYNTHETIC", nullptr);
   scoped_env no_xml("HWLOC_XMLFILE", nullptr);
   auto dev = open_soft();
@@ -302,8 +311,9 @@ TEST_CASE("real machine: a slot's memory is on the node the pool claimed (hwloc_
     auto c = dev.create_counter({.type = compcntr::counter_type::wrs, .numa_node = node}, ec);
     REQUIRE_FALSE(ec);
     CHECK(c.numa_node() == node);
-    c.add(1);  // first touch by its user (the arena was also touched when it was built)
-    REQUIRE(hwloc_get_area_memlocation(topo, c.native_slot(), sizeof(slot), where, HWLOC_MEMBIND_BYNODESET) == 0);
+    c.add(1); // first touch by its user (the arena was also touched when it was built)
+    REQUIRE(hwloc_get_area_memlocation(topo, c.native_slot(), sizeof(slot), where,
+                                       HWLOC_MEMBIND_BYNODESET) == 0);
     CHECK(hwloc_bitmap_weight(where) == 1);
     CHECK(hwloc_bitmap_isset(where, static_cast<unsigned>(node)));
     keep.push_back(std::move(c));
@@ -314,16 +324,19 @@ TEST_CASE("real machine: a slot's memory is on the node the pool claimed (hwloc_
     scoped_pin pin(0);
     hwloc_cpuset_t cpu = hwloc_bitmap_alloc();
     REQUIRE(hwloc_get_last_cpu_location(topo, cpu, HWLOC_CPUBIND_THREAD) == 0);
-    hwloc_obj_t pu = hwloc_get_pu_obj_by_os_index(topo, static_cast<unsigned>(hwloc_bitmap_first(cpu)));
+    hwloc_obj_t pu =
+        hwloc_get_pu_obj_by_os_index(topo, static_cast<unsigned>(hwloc_bitmap_first(cpu)));
     REQUIRE(pu);
-    hwloc_obj_t local = hwloc_get_next_obj_covering_cpuset_by_type(topo, pu->cpuset, HWLOC_OBJ_NUMANODE, nullptr);
+    hwloc_obj_t local =
+        hwloc_get_next_obj_covering_cpuset_by_type(topo, pu->cpuset, HWLOC_OBJ_NUMANODE, nullptr);
     REQUIRE(local);
     std::error_code ec;
     auto c = dev.create_counter(compcntr::counter_type::wrs, ec);
     REQUIRE_FALSE(ec);
     CHECK(c.numa_node() == static_cast<int>(local->os_index));
     c.add(1);
-    REQUIRE(hwloc_get_area_memlocation(topo, c.native_slot(), sizeof(slot), where, HWLOC_MEMBIND_BYNODESET) == 0);
+    REQUIRE(hwloc_get_area_memlocation(topo, c.native_slot(), sizeof(slot), where,
+                                       HWLOC_MEMBIND_BYNODESET) == 0);
     CHECK(hwloc_bitmap_isset(where, local->os_index));
     hwloc_bitmap_free(cpu);
   }

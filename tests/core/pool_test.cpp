@@ -36,7 +36,9 @@ thread_local int fake_cpu = 0;
 
 int fake_current_cpu() noexcept { return fake_cpu; }
 
-bool contains(std::string_view hay, std::string_view needle) { return hay.find(needle) != hay.npos; }
+bool contains(std::string_view hay, std::string_view needle) {
+  return hay.find(needle) != hay.npos;
+}
 
 slot* take(slot_pool& p, int node) {
   std::error_code ec;
@@ -74,7 +76,8 @@ bool inject_arena_failure() noexcept { return arena_alloc_fails.load(); }
 
 }  // namespace
 
-TEST_CASE("capacity: exact under concurrent creation, ENOMEM changes nothing, recovery reuses arenas") {
+TEST_CASE(
+    "capacity: exact under concurrent creation, ENOMEM changes nothing, recovery reuses arenas") {
   scoped_env env("COMPCNTR_MAX_COUNTERS", "1000");
   auto dev = open_soft();
   CHECK(dev.caps().max_counters == 1000);
@@ -132,7 +135,8 @@ TEST_CASE("capacity: exact under concurrent creation, ENOMEM changes nothing, re
 }
 
 TEST_CASE("a failed arena allocation is ENOMEM, consumes nothing, and the next call succeeds") {
-  slot_pool pool(pool_config{.capacity = 64, .arena_slots = 32, .fail_arena_alloc = inject_arena_failure});
+  slot_pool pool(
+      pool_config{.capacity = 64, .arena_slots = 32, .fail_arena_alloc = inject_arena_failure});
   arena_alloc_fails = true;
   std::error_code ec;
   CHECK(pool.allocate(-1, ec) == nullptr);
@@ -160,7 +164,9 @@ TEST_CASE("a failed arena allocation is ENOMEM, consumes nothing, and the next c
 
 TEST_CASE("once the arena budget is spent, a node borrows free slots of another node") {
   // 2 nodes, capacity 8, arenas of 4: budget = 8/4 + (2 - 1) = 3 arenas.
-  slot_pool pool(pool_config{.capacity = 8, .synthetic = "numa:2 pu:1", .current_cpu = fake_current_cpu,
+  slot_pool pool(pool_config{.capacity = 8,
+                             .synthetic = "numa:2 pu:1",
+                             .current_cpu = fake_current_cpu,
                              .arena_slots = 4});
   REQUIRE(pool.arena_budget() == 3);
   std::vector<slot*> got;
@@ -182,10 +188,13 @@ TEST_CASE("once the arena budget is spent, a node borrows free slots of another 
   CHECK(pool.arena_bytes() == 3u * 4u * 128u);  // memory bound: budget x arena
 }
 
-TEST_CASE("stress (pool, 4 synthetic nodes): unique slots, fresh slots read 0, capacity never exceeded") {
+TEST_CASE(
+    "stress (pool, 4 synthetic nodes): unique slots, fresh slots read 0, capacity never exceeded") {
   constexpr std::uint32_t capacity = 256;
-  slot_pool pool(pool_config{.capacity = capacity, .synthetic = "pack:2 numa:2 core:2 pu:1",
-                             .current_cpu = fake_current_cpu, .arena_slots = 16});
+  slot_pool pool(pool_config{.capacity = capacity,
+                             .synthetic = "pack:2 numa:2 core:2 pu:1",
+                             .current_cpu = fake_current_cpu,
+                             .arena_slots = 16});
   constexpr int threads = 4;
   constexpr int rounds = 150;
   constexpr int batch = 300;  // > capacity: every thread reaches ENOMEM in every round
@@ -218,7 +227,8 @@ TEST_CASE("stress (pool, 4 synthetic nodes): unique slots, fresh slots read 0, c
           mine.push_back(s);
         }
         for (slot* s : mine) {
-          if (s->value.load() != static_cast<std::uint64_t>(t) + 1 || s->errors.load() != 1) ++dirty;
+          if (s->value.load() != static_cast<std::uint64_t>(t) + 1 || s->errors.load() != 1)
+            ++dirty;
           s->refs.store(0);
           owner[s->index].store(-1);
           pool.release(*s);
@@ -235,7 +245,8 @@ TEST_CASE("stress (pool, 4 synthetic nodes): unique slots, fresh slots read 0, c
   CHECK(refused.load() > 0);  // the test did reach capacity
   CHECK(pool.live() == 0);
   CHECK(pool.arenas() <= pool.arena_budget());
-  MESSAGE("allocated " << allocated.load() << ", refused " << refused.load() << ", arenas " << pool.arenas());
+  MESSAGE("allocated " << allocated.load() << ", refused " << refused.load() << ", arenas "
+                       << pool.arenas());
 }
 
 TEST_CASE("stress (device): creators and destroyers while others increment a shared counter") {
@@ -246,7 +257,8 @@ TEST_CASE("stress (device): creators and destroyers while others increment a sha
   constexpr int creators = 3, incrementers = 2;
   constexpr int rounds = 1000, batch = 100;  // 300,000 counters created and destroyed
   constexpr int increments = 100000;
-  const std::uint32_t index_space = dev.core()->pool().arena_budget() * dev.core()->pool().arena_slots();
+  const std::uint32_t index_space =
+      dev.core()->pool().arena_budget() * dev.core()->pool().arena_slots();
   std::unique_ptr<std::atomic<bool>[]> taken(new std::atomic<bool>[index_space]);
   for (std::uint32_t i = 0; i < index_space; ++i) taken[i] = false;
   std::atomic<int> duplicates{0}, dirty{0}, failures{0};
@@ -258,7 +270,8 @@ TEST_CASE("stress (device): creators and destroyers while others increment a sha
       for (int r = 0; r < rounds; ++r) {
         for (int i = 0; i < batch; ++i) {
           std::error_code e;
-          auto c = dev.create_counter(i % 2 ? compcntr::counter_type::bytes : compcntr::counter_type::wrs, e);
+          auto c = dev.create_counter(
+              i % 2 ? compcntr::counter_type::bytes : compcntr::counter_type::wrs, e);
           if (e || !c) {
             ++failures;
             continue;

@@ -25,8 +25,6 @@ using test_util::eventually;
 
 namespace {
 
-
-
 std::uint32_t sleepers(const compcntr::counter& c) {
   return c.native_slot()->watch.load() & compcntr::detail::watch_sleepers_mask;
 }
@@ -119,7 +117,8 @@ TEST_CASE("wait: errors before the wait do not count, errors during it are EIO")
   }
   // set_error to the same value is no change; to another value is.
   std::atomic<int> result{-1};
-  std::thread waiter([&] { result = static_cast<int>(compcntr::wait(c, 100, 30s, with_spin(0ns))); });
+  std::thread waiter(
+      [&] { result = static_cast<int>(compcntr::wait(c, 100, 30s, with_spin(0ns))); });
   REQUIRE(eventually([&] { return sleepers(c) == 1; }));
   c.set_error(c.errors() + 7);
   waiter.join();
@@ -177,7 +176,8 @@ TEST_CASE("wait: woken by another thread's increments, in every mode") {
   }
   // A sleeper stays asleep through increments below its threshold, then wakes on the last one.
   std::atomic<int> result{-1};
-  std::thread waiter([&] { result = static_cast<int>(compcntr::wait(c, target + 2, 30s, with_spin(0ns))); });
+  std::thread waiter(
+      [&] { result = static_cast<int>(compcntr::wait(c, target + 2, 30s, with_spin(0ns))); });
   REQUIRE(eventually([&] { return sleepers(c) == 1; }));
   c.add(1);
   REQUIRE(eventually([&] { return sleepers(c) == 1; }));
@@ -270,7 +270,8 @@ void hw_refresh(compcntr::detail::slot& s) noexcept {
   s.value.store(hw_value.load());
   s.errors.store(hw_errors.load());
 }
-constexpr compcntr::detail::hw_counter_ops fake_hw{hw_add, hw_add_error, hw_set, hw_set_error, hw_refresh};
+constexpr compcntr::detail::hw_counter_ops fake_hw{hw_add, hw_add_error, hw_set, hw_set_error,
+                                                   hw_refresh};
 }  // namespace
 
 TEST_CASE("wait: hardware-backed counters are refreshed while waiting, even when asleep") {
@@ -296,7 +297,8 @@ TEST_CASE("wait: hardware-backed counters are refreshed while waiting, even when
     CHECK(result.load() == 0);
   }
   std::atomic<int> result{-1};
-  std::thread waiter([&] { result = static_cast<int>(compcntr::wait(c, UINT64_MAX, 30s, with_spin(0ns))); });
+  std::thread waiter(
+      [&] { result = static_cast<int>(compcntr::wait(c, UINT64_MAX, 30s, with_spin(0ns))); });
   REQUIRE(eventually([&] { return sleepers(c) == 1; }));
   c.add_error(1);
   waiter.join();
@@ -432,10 +434,11 @@ TEST_CASE("wait_options: an aggregate with designated initializers (docs/wait.md
     compcntr::counter* c;
     int drained = 0;
   } cq{&c};
-  const compcntr::wait_options o{.hook = [](void* q) {
-                                   auto* x = static_cast<queue*>(q);
-                                   if (++x->drained == 3) x->c->add(1);
-                                 },
+  const compcntr::wait_options o{.hook =
+                                     [](void* q) {
+                                       auto* x = static_cast<queue*>(q);
+                                       if (++x->drained == 3) x->c->add(1);
+                                     },
                                  .hook_ctx = &cq,
                                  .hook_interval = 200us};
   CHECK(o.spin == compcntr::default_spin);

@@ -43,7 +43,8 @@ long count_points(void (*call)(compcntr_device*), compcntr_device* d) {
 TEST_CASE("defect 1: create_qp under allocation failure is NULL + ENOMEM, never std::terminate") {
   compcntr_device* d = compcntr_open_device("soft");
   REQUIRE(d != nullptr);
-  const long n = count_points([](compcntr_device* dev) { compcntr_destroy_qp(compcntr_create_qp(dev)); }, d);
+  const long n =
+      count_points([](compcntr_device* dev) { compcntr_destroy_qp(compcntr_create_qp(dev)); }, d);
   REQUIRE(n >= 3);  // the C wrapper, the QP, its queues
   for (long k = 1; k <= n; ++k)
     for (fault::mode m : {fault::mode::once, fault::mode::from}) {
@@ -68,7 +69,8 @@ TEST_CASE("defect 1: create_qp under allocation failure is NULL + ENOMEM, never 
 
 // Defect 2: a late allocation failure while opening (the pool's per-node tables) left a device
 // with max_counters 0 whose every create was ENOMEM: the open must fail with ENOMEM instead.
-TEST_CASE("defect 2: open_device under allocation failure fails with ENOMEM or gives a working device") {
+TEST_CASE(
+    "defect 2: open_device under allocation failure fails with ENOMEM or gives a working device") {
   const long n = [] {
     compcntr_close_device(compcntr_open_device("soft"));
     fault::arm(fault::mode::count, 0, fault::alloc);

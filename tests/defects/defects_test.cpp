@@ -59,8 +59,12 @@ std::uint32_t max_counters(compcntr_device* d) {
 // Defect 4: COMPCNTR_MAX_COUNTERS was parsed with base 0 ("010000" was 4096, "0x10" 16),
 // blanks were accepted on one side only, and "" silently meant the default.
 TEST_CASE("defect 4: COMPCNTR_MAX_COUNTERS is a decimal count, anything else EINVAL at open") {
-  struct good { const char* v; std::uint32_t n; };
-  for (good g : {good{"16", 16}, good{"1", 1}, good{"010000", 10000}, good{"4294963200", 4294963200u}}) {
+  struct good {
+    const char* v;
+    std::uint32_t n;
+  };
+  for (good g :
+       {good{"16", 16}, good{"1", 1}, good{"010000", 10000}, good{"4294963200", 4294963200u}}) {
     CAPTURE(g.v);
     int err = 0;
     compcntr_device* d = open_with(g.v, &err);
@@ -127,7 +131,8 @@ TEST_CASE("defect 5: open_device(\"\") is no device name (ENODEV), not the softw
 #if COMPCNTR_DEFECTS_FABRIC
 // Defect 5c: compcntr_destroy_comp_cntr on the counter behind an adapter fid_cntr succeeded and
 // the later fi_close crashed (use after free). Now EBUSY, as for a credit tracker's counters.
-TEST_CASE("defect 5: destroy_comp_cntr of an adapter-owned counter is EBUSY; fi_close still works") {
+TEST_CASE(
+    "defect 5: destroy_comp_cntr of an adapter-owned counter is EBUSY; fi_close still works") {
   compcntr_device* d = compcntr_open_device("soft");
   REQUIRE(d != nullptr);
   fi_cntr_attr attr{};
@@ -185,15 +190,18 @@ TEST_CASE("defect 3: cmd_comp after fork refuses with EOWNERDEAD instead of hang
     auto* h = reinterpret_cast<compcntr_devx_async_cmd_hdr*>(buf);
     int r = compcntr_devx_get_async_cmd_comp(q, h, sizeof buf);
     expect(r == EOWNERDEAD, "get on an inherited cmd_comp is EOWNERDEAD");
-    expect(std::string(compcntr_last_error_message()).find("fork") != std::string::npos, "the message names fork");
+    expect(std::string(compcntr_last_error_message()).find("fork") != std::string::npos,
+           "the message names fork");
     r = compcntr_query_comp_cntr_async(c, 2, q);
     expect(r == EOWNERDEAD, "query on an inherited cmd_comp is EOWNERDEAD");
     errno = 0;
     compcntr_devx_cmd_comp* q2 = compcntr_devx_create_cmd_comp(d);
-    expect(q2 == nullptr && errno == EOWNERDEAD, "create_cmd_comp on an inherited device is EOWNERDEAD");
+    expect(q2 == nullptr && errno == EOWNERDEAD,
+           "create_cmd_comp on an inherited device is EOWNERDEAD");
     // Counters are this process's copies: they work.
     std::uint64_t v = 0;
-    expect(compcntr_inc_comp_cntr(c, 1) == 0 && compcntr_read_comp_cntr(c, &v) == 0 && v == 6, "counters work in the child");
+    expect(compcntr_inc_comp_cntr(c, 1) == 0 && compcntr_read_comp_cntr(c, &v) == 0 && v == 6,
+           "counters work in the child");
     // Teardown of inherited objects returns (does not wait for the parent's engine).
     compcntr_devx_destroy_cmd_comp(q);
     expect(compcntr_destroy_comp_cntr(c) == 0, "destroy an inherited counter");
@@ -207,7 +215,8 @@ TEST_CASE("defect 3: cmd_comp after fork refuses with EOWNERDEAD instead of hang
     expect(mq != nullptr, "create_cmd_comp on a device the child opened");
     if (mq && mc) {
       expect(compcntr_query_comp_cntr_async(mc, 7, mq) == 0, "query");
-      expect(compcntr_devx_get_async_cmd_comp(mq, h, sizeof buf) == 0 && h->wr_id == 7, "answered in the child");
+      expect(compcntr_devx_get_async_cmd_comp(mq, h, sizeof buf) == 0 && h->wr_id == 7,
+             "answered in the child");
       compcntr_devx_destroy_cmd_comp(mq);
     }
     if (mc) compcntr_destroy_comp_cntr(mc);
@@ -217,7 +226,8 @@ TEST_CASE("defect 3: cmd_comp after fork refuses with EOWNERDEAD instead of hang
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
   CHECK(WIFEXITED(status));
-  if (WIFSIGNALED(status)) FAIL_CHECK("the child died of signal " << WTERMSIG(status) << " (SIGALRM: it hung)");
+  if (WIFSIGNALED(status))
+    FAIL_CHECK("the child died of signal " << WTERMSIG(status) << " (SIGALRM: it hung)");
   CHECK(WEXITSTATUS(status) == 0);
   // The parent is untouched: its engine still answers.
   REQUIRE(compcntr_query_comp_cntr_async(c, 3, q) == 0);

@@ -57,7 +57,8 @@ compcntr_device* open_soft(const char* max_counters = nullptr) {
   return d;
 }
 
-compcntr_comp_cntr* counter(compcntr_device* d, compcntr_comp_cntr_type t = COMPCNTR_COMP_CNTR_TYPE_WRS) {
+compcntr_comp_cntr* counter(compcntr_device* d,
+                            compcntr_comp_cntr_type t = COMPCNTR_COMP_CNTR_TYPE_WRS) {
   compcntr_comp_cntr_init_attr a{};
   a.type = t;
   compcntr_comp_cntr* c = compcntr_create_comp_cntr(d, &a);
@@ -102,7 +103,8 @@ attempt_result open_attempt(mode m, long k, unsigned kinds) {
     counter_works(d);  // and it works once the fault is gone
     close_clean(d);
   } else {
-    FCHECK(fault::failed() > 0, "open_device failed without a fault: %s", compcntr_last_error_message());
+    FCHECK(fault::failed() > 0, "open_device failed without a fault: %s",
+           compcntr_last_error_message());
     FCHECK(e == ENOMEM, "open_device: errno %d (%s), documented: ENOMEM", e, std::strerror(e));
     FCHECK(compcntr_last_error_message()[0] != '\0', "a message names the cause");
   }
@@ -138,59 +140,64 @@ void family_counters() {
     compcntr_device* d = open_soft("4");
     compcntr_comp_cntr* held[3];
     for (auto& c : held) c = counter(d);
-    fault::sweep("create_comp_cntr (pool with room for one)", fault::all & ~fault::malloc_,
-                 [&](mode m, long k, unsigned kinds) -> attempt_result {
-                   compcntr_comp_cntr_init_attr a{};
-                   fault::arm(m, k, kinds);
-                   compcntr_comp_cntr* c = compcntr_create_comp_cntr(d, &a);
-                   const int e = errno;
-                   const long pts = fault::disarm();
-                   if (!c) {
-                     FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
-                     c = compcntr_create_comp_cntr(d, &a);  // the room is still there
-                     FCHECK(c != nullptr, "the failed create took the last room: %s", compcntr_last_error_message());
-                   }
-                   compcntr_comp_cntr* extra = compcntr_create_comp_cntr(d, &a);
-                   FCHECK(extra == nullptr && errno == ENOMEM, "the pool holds 4, not more");
-                   if (extra) compcntr_destroy_comp_cntr(extra);
-                   if (c) {
-                     FCHECK(value(c) == 0 && compcntr_inc_comp_cntr(c, 1) == 0 && value(c) == 1, "works");
-                     FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy");
-                   }
-                   return {pts, false};
-                 });
+    fault::sweep(
+        "create_comp_cntr (pool with room for one)", fault::all & ~fault::malloc_,
+        [&](mode m, long k, unsigned kinds) -> attempt_result {
+          compcntr_comp_cntr_init_attr a{};
+          fault::arm(m, k, kinds);
+          compcntr_comp_cntr* c = compcntr_create_comp_cntr(d, &a);
+          const int e = errno;
+          const long pts = fault::disarm();
+          if (!c) {
+            FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+            c = compcntr_create_comp_cntr(d, &a);  // the room is still there
+            FCHECK(c != nullptr, "the failed create took the last room: %s",
+                   compcntr_last_error_message());
+          }
+          compcntr_comp_cntr* extra = compcntr_create_comp_cntr(d, &a);
+          FCHECK(extra == nullptr && errno == ENOMEM, "the pool holds 4, not more");
+          if (extra) compcntr_destroy_comp_cntr(extra);
+          if (c) {
+            FCHECK(value(c) == 0 && compcntr_inc_comp_cntr(c, 1) == 0 && value(c) == 1, "works");
+            FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy");
+          }
+          return {pts, false};
+        });
     for (auto* c : held) compcntr_destroy_comp_cntr(c);
     close_clean(d);
   }
   // A striped counter allocates its stripes (128 bytes each) beside the slot: ENOMEM leaves the
   // pool's room (one left) and the counter is exact once made.
-  for (std::uint32_t stripes : {4u, static_cast<std::uint32_t>(COMPCNTR_COMP_CNTR_STRIPES_PER_CPU)}) {
+  for (std::uint32_t stripes :
+       {4u, static_cast<std::uint32_t>(COMPCNTR_COMP_CNTR_STRIPES_PER_CPU)}) {
     compcntr_device* d = open_soft("2");
     compcntr_comp_cntr* held = counter(d);
-    fault::sweep(stripes == 4 ? "create_comp_cntr (striped, 4 stripes; room for one)"
-                              : "create_comp_cntr (striped, per CPU; room for one)",
-                 fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
-                   compcntr_comp_cntr_init_attr a{};
-                   a.comp_mask = COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
-                   a.stripes = stripes;
-                   fault::arm(m, k, kinds);
-                   compcntr_comp_cntr* c = compcntr_create_comp_cntr(d, &a);
-                   const int e = errno;
-                   const long pts = fault::disarm();
-                   const bool refused = c == nullptr;
-                   if (!c) {
-                     FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
-                     c = compcntr_create_comp_cntr(d, &a);  // the room is still there
-                     FCHECK(c != nullptr, "the failed create took the last room: %s", compcntr_last_error_message());
-                   }
-                   if (c) {
-                     FCHECK(value(c) == 0 && compcntr_inc_comp_cntr(c, 7) == 0 && compcntr_inc_comp_cntr(c, 1) == 0 &&
-                                value(c) == 8,
-                            "a striped counter counts");
-                     FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy");
-                   }
-                   return {pts, refused};
-                 });
+    fault::sweep(
+        stripes == 4 ? "create_comp_cntr (striped, 4 stripes; room for one)"
+                     : "create_comp_cntr (striped, per CPU; room for one)",
+        fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+          compcntr_comp_cntr_init_attr a{};
+          a.comp_mask = COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES;
+          a.stripes = stripes;
+          fault::arm(m, k, kinds);
+          compcntr_comp_cntr* c = compcntr_create_comp_cntr(d, &a);
+          const int e = errno;
+          const long pts = fault::disarm();
+          const bool refused = c == nullptr;
+          if (!c) {
+            FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+            c = compcntr_create_comp_cntr(d, &a);  // the room is still there
+            FCHECK(c != nullptr, "the failed create took the last room: %s",
+                   compcntr_last_error_message());
+          }
+          if (c) {
+            FCHECK(value(c) == 0 && compcntr_inc_comp_cntr(c, 7) == 0 &&
+                       compcntr_inc_comp_cntr(c, 1) == 0 && value(c) == 8,
+                   "a striped counter counts");
+            FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy");
+          }
+          return {pts, refused};
+        });
     compcntr_destroy_comp_cntr(held);
     close_clean(d);
   }
@@ -198,7 +205,8 @@ void family_counters() {
   // 4097th the second (arenas of 4096 slots).
   for (int before : {0, 4096}) {
     fault::sweep(before ? "create_comp_cntr (second arena)" : "create_comp_cntr (first arena)",
-                 fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+                 fault::all & ~fault::malloc_,
+                 [&](mode m, long k, unsigned kinds) -> attempt_result {
                    compcntr_device* d = open_soft();
                    std::vector<compcntr_comp_cntr*> held;
                    for (int i = 0; i < before; ++i) held.push_back(counter(d));
@@ -259,29 +267,31 @@ void family_counters() {
 
 void family_fds() {
   compcntr_device* d = open_soft();
-  fault::sweep("comp_cntr_get_fd (first call: extension block + eventfd)", fault::all & ~fault::malloc_,
-               [&](mode m, long k, unsigned kinds) -> attempt_result {
-                 compcntr_comp_cntr* c = counter(d);
-                 compcntr_inc_comp_cntr(c, 7);
-                 int fd = -5;
-                 fault::arm(m, k, kinds);
-                 const int r = compcntr_comp_cntr_get_fd(c, &fd);
-                 const long pts = fault::disarm();
-                 if (r != 0) {
-                   FCHECK(fault::one_of(r, {EMFILE, ENFILE, ENOMEM}), "get_fd = %d (%s)", r, std::strerror(r));
-                   FCHECK(fd == -5, "*fd untouched on failure");
-                   FCHECK(value(c) == 7, "the counter is intact");
-                   FCHECK(compcntr_comp_cntr_arm_fd(c) == EINVAL, "no fd exists after a failed get_fd");
-                   FCHECK(compcntr_comp_cntr_get_fd(c, &fd) == 0, "get_fd works once the fault is gone");
-                 }
-                 FCHECK(fcntl(fd, F_GETFD) != -1, "a real fd");
-                 FCHECK(compcntr_comp_cntr_arm_fd(c) == 0 && compcntr_inc_comp_cntr(c, 1) == 0, "arm");
-                 pollfd p{fd, POLLIN, 0};
-                 FCHECK(poll(&p, 1, 1000) == 1, "the armed fd signals an update");
-                 FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy");
-                 FCHECK(fcntl(fd, F_GETFD) == -1, "destroy closed the fd");
-                 return {pts, r != 0};
-               });
+  fault::sweep(
+      "comp_cntr_get_fd (first call: extension block + eventfd)", fault::all & ~fault::malloc_,
+      [&](mode m, long k, unsigned kinds) -> attempt_result {
+        compcntr_comp_cntr* c = counter(d);
+        compcntr_inc_comp_cntr(c, 7);
+        int fd = -5;
+        fault::arm(m, k, kinds);
+        const int r = compcntr_comp_cntr_get_fd(c, &fd);
+        const long pts = fault::disarm();
+        if (r != 0) {
+          FCHECK(fault::one_of(r, {EMFILE, ENFILE, ENOMEM}), "get_fd = %d (%s)", r,
+                 std::strerror(r));
+          FCHECK(fd == -5, "*fd untouched on failure");
+          FCHECK(value(c) == 7, "the counter is intact");
+          FCHECK(compcntr_comp_cntr_arm_fd(c) == EINVAL, "no fd exists after a failed get_fd");
+          FCHECK(compcntr_comp_cntr_get_fd(c, &fd) == 0, "get_fd works once the fault is gone");
+        }
+        FCHECK(fcntl(fd, F_GETFD) != -1, "a real fd");
+        FCHECK(compcntr_comp_cntr_arm_fd(c) == 0 && compcntr_inc_comp_cntr(c, 1) == 0, "arm");
+        pollfd p{fd, POLLIN, 0};
+        FCHECK(poll(&p, 1, 1000) == 1, "the armed fd signals an update");
+        FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy");
+        FCHECK(fcntl(fd, F_GETFD) == -1, "destroy closed the fd");
+        return {pts, r != 0};
+      });
   {
     compcntr_comp_cntr* c = counter(d);
     int fd;
@@ -298,34 +308,37 @@ void family_fds() {
   std::vector<std::uint64_t> th(40, 1);
   for (int i = 0; i < 40; ++i) cs.push_back(counter(d));
   for (int timeout : {0, 2}) {
-    fault::sweep(timeout ? "poll_comp_cntrs (40 counters, 2 ms: sleeping registration)"
-                         : "poll_comp_cntrs (40 counters, test once)",
-                 fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
-                   std::size_t which = 77;
-                   fault::arm(m, k, kinds);
-                   const int r = compcntr_poll_comp_cntrs(cs.data(), th.data(), cs.size(), timeout, &which);
-                   const long pts = fault::disarm();
-                   FCHECK(r == ETIMEDOUT || (r == ENOMEM && fault::failed() > 0), "poll = %d (%s)", r,
-                          std::strerror(r));
-                   FCHECK(which == 77, "*which untouched");
-                   compcntr_inc_comp_cntr(cs[39], 1);
-                   FCHECK(compcntr_poll_comp_cntrs(cs.data(), th.data(), cs.size(), timeout, &which) == 0 && which == 39,
-                          "poll works once the fault is gone");
-                   compcntr_set_comp_cntr(cs[39], 0);
-                   return {pts, r == ENOMEM};
-                 });
+    fault::sweep(
+        timeout ? "poll_comp_cntrs (40 counters, 2 ms: sleeping registration)"
+                : "poll_comp_cntrs (40 counters, test once)",
+        fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+          std::size_t which = 77;
+          fault::arm(m, k, kinds);
+          const int r = compcntr_poll_comp_cntrs(cs.data(), th.data(), cs.size(), timeout, &which);
+          const long pts = fault::disarm();
+          FCHECK(r == ETIMEDOUT || (r == ENOMEM && fault::failed() > 0), "poll = %d (%s)", r,
+                 std::strerror(r));
+          FCHECK(which == 77, "*which untouched");
+          compcntr_inc_comp_cntr(cs[39], 1);
+          FCHECK(compcntr_poll_comp_cntrs(cs.data(), th.data(), cs.size(), timeout, &which) == 0 &&
+                     which == 39,
+                 "poll works once the fault is gone");
+          compcntr_set_comp_cntr(cs[39], 0);
+          return {pts, r == ENOMEM};
+        });
   }
   // A sleeping 3-counter poll registers on each counter's extension block; without memory it
   // polls in slices: the result is the same.
-  fault::sweep("poll_comp_cntrs (3 counters, 2 ms: sleeping registration)", fault::all & ~fault::malloc_,
-               [&](mode m, long k, unsigned kinds) -> attempt_result {
+  fault::sweep("poll_comp_cntrs (3 counters, 2 ms: sleeping registration)",
+               fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
                  compcntr_comp_cntr* fresh[3] = {counter(d), counter(d), counter(d)};
                  std::uint64_t t3[3] = {1, 1, 1};
                  std::size_t which = 77;
                  fault::arm(m, k, kinds);
                  const int r = compcntr_poll_comp_cntrs(fresh, t3, 3, 2, &which);
                  const long pts = fault::disarm();
-                 FCHECK(r == ETIMEDOUT, "poll = %d (%s): waiting has no failure mode", r, std::strerror(r));
+                 FCHECK(r == ETIMEDOUT, "poll = %d (%s): waiting has no failure mode", r,
+                        std::strerror(r));
                  for (auto* c : fresh) compcntr_destroy_comp_cntr(c);
                  return {pts, false};
                });
@@ -351,8 +364,10 @@ void family_cmd_comp() {
   for (bool fresh : {true, false}) {
     compcntr_device* keep = fresh ? nullptr : open_soft();
     compcntr_devx_cmd_comp* first = fresh ? nullptr : compcntr_devx_create_cmd_comp(keep);
-    fault::sweep(fresh ? "devx_create_cmd_comp (first: starts the engine)" : "devx_create_cmd_comp (engine running)",
-                 fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+    fault::sweep(fresh ? "devx_create_cmd_comp (first: starts the engine)"
+                       : "devx_create_cmd_comp (engine running)",
+                 fault::all & ~fault::malloc_,
+                 [&](mode m, long k, unsigned kinds) -> attempt_result {
                    compcntr_device* d = fresh ? open_soft() : keep;
                    compcntr_comp_cntr* c = counter(d);
                    compcntr_inc_comp_cntr(c, 9);
@@ -362,9 +377,11 @@ void family_cmd_comp() {
                    const long pts = fault::disarm();
                    const bool refused = q == nullptr;
                    if (!q) {
-                     FCHECK(fault::one_of(e, {ENOMEM, EMFILE, ENFILE}), "errno %d (%s)", e, std::strerror(e));
+                     FCHECK(fault::one_of(e, {ENOMEM, EMFILE, ENFILE}), "errno %d (%s)", e,
+                            std::strerror(e));
                      q = compcntr_devx_create_cmd_comp(d);
-                     FCHECK(q != nullptr, "create works once the fault is gone: %s", compcntr_last_error_message());
+                     FCHECK(q != nullptr, "create works once the fault is gone: %s",
+                            compcntr_last_error_message());
                    }
                    if (q) {
                      FCHECK(compcntr_query_comp_cntr_async(c, 5, q) == 0, "query");
@@ -389,15 +406,17 @@ void family_cmd_comp() {
                  fault::arm(m, k, kinds);
                  const int r = compcntr_query_comp_cntr_async(c, next, q);
                  const long pts = fault::disarm();
-                 FCHECK(r == 0 || (fault::failed() > 0 && fault::one_of(r, {ENOMEM, EAGAIN})), "query = %d (%s)", r,
-                        std::strerror(r));
+                 FCHECK(r == 0 || (fault::failed() > 0 && fault::one_of(r, {ENOMEM, EAGAIN})),
+                        "query = %d (%s)", r, std::strerror(r));
                  if (r != 0) {
                    // Nothing was queued: the next answer is the next accepted query's.
-                   FCHECK(compcntr_query_comp_cntr_async(c, next + 1, q) == 0, "query works once the fault is gone");
+                   FCHECK(compcntr_query_comp_cntr_async(c, next + 1, q) == 0,
+                          "query works once the fault is gone");
                  }
                  std::uint64_t wr = 0;
                  collect(q, &wr);
-                 FCHECK(wr == (r == 0 ? next : next + 1), "the answer belongs to the accepted query (wr_id %llu)",
+                 FCHECK(wr == (r == 0 ? next : next + 1),
+                        "the answer belongs to the accepted query (wr_id %llu)",
                         static_cast<unsigned long long>(wr));
                  next += 10;
                  return {pts, r != 0};
@@ -409,7 +428,9 @@ void family_cmd_comp() {
     FCHECK(poll(&p, 1, 5000) == 1, "answered");
     std::uint8_t buf[24];
     fault::arm(mode::count);
-    FCHECK(compcntr_devx_get_async_cmd_comp(q, reinterpret_cast<compcntr_devx_async_cmd_hdr*>(buf), sizeof buf) == 0, "get");
+    FCHECK(compcntr_devx_get_async_cmd_comp(q, reinterpret_cast<compcntr_devx_async_cmd_hdr*>(buf),
+                                            sizeof buf) == 0,
+           "get");
     const long n = fault::disarm();
     FCHECK(i == 0 || n == 0, "get_async_cmd_comp reached %ld point(s)", n);
   }
@@ -422,7 +443,7 @@ void family_cmd_comp() {
 
 void family_credits() {
   compcntr_device* d = open_soft("5");
-  compcntr_comp_cntr* held[2] = {counter(d), counter(d)};  // room for exactly 3 more
+  compcntr_comp_cntr* held[2] = {counter(d), counter(d)}; // room for exactly 3 more
   fault::sweep("credits_create (3 peers, room for 3 counters)", fault::all & ~fault::malloc_,
                [&](mode m, long k, unsigned kinds) -> attempt_result {
                  fault::arm(m, k, kinds);
@@ -432,20 +453,23 @@ void family_credits() {
                  const bool refused = cr == nullptr;
                  if (!cr) {
                    FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
-                   cr = compcntr_credits_create(d, 3, 4);  // the room is still there
-                   FCHECK(cr != nullptr, "credits_create once the fault is gone: %s", compcntr_last_error_message());
+                   cr = compcntr_credits_create(d, 3, 4); // the room is still there
+                   FCHECK(cr != nullptr, "credits_create once the fault is gone: %s",
+                          compcntr_last_error_message());
                  }
                  if (cr) {
-                   FCHECK(compcntr_credits_acquire(cr, 2, 4, 0) == 0 && compcntr_credits_acquire(cr, 2, 1, 0) == ETIMEDOUT,
+                   FCHECK(compcntr_credits_acquire(cr, 2, 4, 0) == 0 &&
+                              compcntr_credits_acquire(cr, 2, 1, 0) == ETIMEDOUT,
                           "credits work");
                    compcntr_comp_cntr_init_attr a{};
-                   FCHECK(compcntr_create_comp_cntr(d, &a) == nullptr && errno == ENOMEM, "the pool is full");
+                   FCHECK(compcntr_create_comp_cntr(d, &a) == nullptr && errno == ENOMEM,
+                          "the pool is full");
                    FCHECK(compcntr_credits_destroy(cr) == 0, "destroy");
                  }
                  return {pts, refused};
                });
-  fault::sweep("credits_create_per_peer (3 peers, room for 3 counters)", fault::all & ~fault::malloc_,
-               [&](mode m, long k, unsigned kinds) -> attempt_result {
+  fault::sweep("credits_create_per_peer (3 peers, room for 3 counters)",
+               fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
                  const std::uint64_t windows[3] = {1, 4, 2};
                  fault::arm(m, k, kinds);
                  compcntr_credits* cr = compcntr_credits_create_per_peer(d, 3, windows);
@@ -455,15 +479,18 @@ void family_credits() {
                  if (!cr) {
                    FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
                    cr = compcntr_credits_create_per_peer(d, 3, windows);
-                   FCHECK(cr != nullptr, "create_per_peer once the fault is gone: %s", compcntr_last_error_message());
+                   FCHECK(cr != nullptr, "create_per_peer once the fault is gone: %s",
+                          compcntr_last_error_message());
                  }
                  if (cr) {
                    std::uint64_t w = 0;
                    FCHECK(compcntr_credits_window(cr, 1, &w) == 0 && w == 4, "window of peer 1");
-                   FCHECK(compcntr_credits_acquire(cr, 0, 1, 0) == 0 && compcntr_credits_acquire(cr, 0, 1, 0) == ETIMEDOUT,
+                   FCHECK(compcntr_credits_acquire(cr, 0, 1, 0) == 0 &&
+                              compcntr_credits_acquire(cr, 0, 1, 0) == ETIMEDOUT,
                           "peer 0 has one credit");
                    compcntr_comp_cntr_init_attr a{};
-                   FCHECK(compcntr_create_comp_cntr(d, &a) == nullptr && errno == ENOMEM, "the pool is full");
+                   FCHECK(compcntr_create_comp_cntr(d, &a) == nullptr && errno == ENOMEM,
+                          "the pool is full");
                    FCHECK(compcntr_credits_destroy(cr) == 0, "destroy");
                  }
                  return {pts, refused};
@@ -473,32 +500,36 @@ void family_credits() {
     // holds no reference (destroy of the counters is not EBUSY afterwards).
     compcntr_inc_comp_cntr(held[0], 3);
     compcntr_inc_err_comp_cntr(held[1], 1);
-    fault::sweep("credits_adopt (2 of the caller's counters)", fault::all & ~fault::malloc_,
-                 [&](mode m, long k, unsigned kinds) -> attempt_result {
-                   const std::uint64_t windows[2] = {2, 5};
-                   fault::arm(m, k, kinds);
-                   compcntr_credits* cr = compcntr_credits_adopt(d, held, 2, windows);
-                   const int e = errno;
-                   const long pts = fault::disarm();
-                   const bool refused = cr == nullptr;
-                   if (!cr) {
-                     FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
-                     FCHECK(compcntr_comp_cntr_set_owner(held[0], "probe") == 0 &&
-                                compcntr_comp_cntr_set_owner(held[0], nullptr) == 0,
-                            "a refused adopt left no owner");
-                     cr = compcntr_credits_adopt(d, held, 2, windows);
-                     FCHECK(cr != nullptr, "adopt once the fault is gone: %s", compcntr_last_error_message());
-                   }
-                   if (cr) {
-                     std::uint64_t o = 9;
-                     FCHECK(compcntr_credits_outstanding(cr, 0, &o) == 0 && o == 0, "nothing outstanding at adopt");
-                     FCHECK(compcntr_credits_acquire(cr, 1, 5, 0) == 0 && compcntr_credits_release(cr, 1, 5) == 0,
-                            "adopted credits work");
-                     FCHECK(compcntr_destroy_comp_cntr(held[0]) == EBUSY, "an adopted counter is EBUSY");
-                     FCHECK(compcntr_credits_destroy(cr) == 0, "destroy");
-                   }
-                   return {pts, refused};
-                 });
+    fault::sweep(
+        "credits_adopt (2 of the caller's counters)", fault::all & ~fault::malloc_,
+        [&](mode m, long k, unsigned kinds) -> attempt_result {
+          const std::uint64_t windows[2] = {2, 5};
+          fault::arm(m, k, kinds);
+          compcntr_credits* cr = compcntr_credits_adopt(d, held, 2, windows);
+          const int e = errno;
+          const long pts = fault::disarm();
+          const bool refused = cr == nullptr;
+          if (!cr) {
+            FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+            FCHECK(compcntr_comp_cntr_set_owner(held[0], "probe") == 0 &&
+                       compcntr_comp_cntr_set_owner(held[0], nullptr) == 0,
+                   "a refused adopt left no owner");
+            cr = compcntr_credits_adopt(d, held, 2, windows);
+            FCHECK(cr != nullptr, "adopt once the fault is gone: %s",
+                   compcntr_last_error_message());
+          }
+          if (cr) {
+            std::uint64_t o = 9;
+            FCHECK(compcntr_credits_outstanding(cr, 0, &o) == 0 && o == 0,
+                   "nothing outstanding at adopt");
+            FCHECK(compcntr_credits_acquire(cr, 1, 5, 0) == 0 &&
+                       compcntr_credits_release(cr, 1, 5) == 0,
+                   "adopted credits work");
+            FCHECK(compcntr_destroy_comp_cntr(held[0]) == EBUSY, "an adopted counter is EBUSY");
+            FCHECK(compcntr_credits_destroy(cr) == 0, "destroy");
+          }
+          return {pts, refused};
+        });
   }
   compcntr_credits* cr = compcntr_credits_create(d, 2, 8);
   compcntr_comp_cntr* pc = compcntr_credits_counter(cr, 1);
@@ -523,28 +554,32 @@ void family_tracker() {
   compcntr_device* d = open_soft();
   compcntr_comp_cntr* c = counter(d);
   compcntr_inc_comp_cntr(c, 3);
-  fault::sweep("tracker_create", fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
-    fault::arm(m, k, kinds);
-    compcntr_tracker* t = compcntr_tracker_create(c);
-    const int e = errno;
-    const long pts = fault::disarm();
-    const bool refused = t == nullptr;
-    if (!t) {
-      FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
-      // Nothing changed: the counter is not held (nor its values moved) ...
-      compcntr_comp_cntr* probe = counter(d);
-      FCHECK(compcntr_destroy_comp_cntr(probe) == 0, "destroy");
-      FCHECK(value(c) == 3, "the counter is untouched");
-      t = compcntr_tracker_create(c);  // ... and a tracker can be made once the fault is gone
-      FCHECK(t != nullptr, "tracker_create once the fault is gone: %s", compcntr_last_error_message());
-    }
-    if (t) {
-      FCHECK(compcntr_destroy_comp_cntr(c) == EBUSY, "the tracker holds its counter");
-      FCHECK(compcntr_tracker_issue(t, 2) == 0 && compcntr_tracker_quiet(t, 0) == ETIMEDOUT, "issue, quiet");
-      FCHECK(compcntr_tracker_destroy(t) == 0, "destroy");
-    }
-    return {pts, refused};
-  });
+  fault::sweep(
+      "tracker_create", fault::all & ~fault::malloc_,
+      [&](mode m, long k, unsigned kinds) -> attempt_result {
+        fault::arm(m, k, kinds);
+        compcntr_tracker* t = compcntr_tracker_create(c);
+        const int e = errno;
+        const long pts = fault::disarm();
+        const bool refused = t == nullptr;
+        if (!t) {
+          FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+          // Nothing changed: the counter is not held (nor its values moved) ...
+          compcntr_comp_cntr* probe = counter(d);
+          FCHECK(compcntr_destroy_comp_cntr(probe) == 0, "destroy");
+          FCHECK(value(c) == 3, "the counter is untouched");
+          t = compcntr_tracker_create(c); // ... and a tracker can be made once the fault is gone
+          FCHECK(t != nullptr, "tracker_create once the fault is gone: %s",
+                 compcntr_last_error_message());
+        }
+        if (t) {
+          FCHECK(compcntr_destroy_comp_cntr(c) == EBUSY, "the tracker holds its counter");
+          FCHECK(compcntr_tracker_issue(t, 2) == 0 && compcntr_tracker_quiet(t, 0) == ETIMEDOUT,
+                 "issue, quiet");
+          FCHECK(compcntr_tracker_destroy(t) == 0, "destroy");
+        }
+        return {pts, refused};
+      });
   compcntr_tracker* t = compcntr_tracker_create(c);
   fault::no_points("tracker issue/issued/completed/quiet", [&] {
     compcntr_tracker_issue(t, 1);
@@ -574,14 +609,17 @@ pair make_pair(compcntr_device* d) {
   FCHECK(compcntr_qp_attach_comp_cntr(p.a, p.send, &at) == 0, "attach");
   at.op_mask = COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV;
   FCHECK(compcntr_qp_attach_comp_cntr(p.b, p.recv, &at) == 0, "attach");
-  FCHECK(compcntr_modify_qp(p.a, COMPCNTR_QPS_INIT) == 0 && compcntr_modify_qp(p.b, COMPCNTR_QPS_INIT) == 0, "INIT");
+  FCHECK(compcntr_modify_qp(p.a, COMPCNTR_QPS_INIT) == 0 &&
+             compcntr_modify_qp(p.b, COMPCNTR_QPS_INIT) == 0,
+         "INIT");
   FCHECK(compcntr_connect_qp(p.a, p.b) == 0, "connect");
   return p;
 }
 
 void drop_pair(pair& p) {
   FCHECK(compcntr_destroy_qp(p.a) == 0 && compcntr_destroy_qp(p.b) == 0, "destroy_qp");
-  FCHECK(compcntr_destroy_comp_cntr(p.send) == 0 && compcntr_destroy_comp_cntr(p.recv) == 0, "destroy");
+  FCHECK(compcntr_destroy_comp_cntr(p.send) == 0 && compcntr_destroy_comp_cntr(p.recv) == 0,
+         "destroy");
 }
 
 void family_qp() {
@@ -589,78 +627,87 @@ void family_qp() {
   char src[64] = "payload", dst[64] = {};
   compcntr_mr* smr = compcntr_reg_mr(d, src, sizeof src, 0);
   compcntr_mr* dmr = compcntr_reg_mr(d, dst, sizeof dst, COMPCNTR_ACCESS_LOCAL_WRITE);
-  fault::sweep("create_qp", fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
-    fault::arm(m, k, kinds);
-    compcntr_qp* q = compcntr_create_qp(d);
-    const int e = errno;
-    const long pts = fault::disarm();
-    const bool refused = q == nullptr;
-    if (!q) {
-      FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
-      q = compcntr_create_qp(d);
-    }
-    FCHECK(q && compcntr_qp_state(q) == COMPCNTR_QPS_RESET && compcntr_modify_qp(q, COMPCNTR_QPS_INIT) == 0,
-           "a QP works once the fault is gone");
-    if (q) compcntr_destroy_qp(q);
-    return {pts, refused};
-  });
-  fault::sweep("reg_mr", fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
-    fault::arm(m, k, kinds);
-    compcntr_mr* mr = compcntr_reg_mr(d, dst, 8, COMPCNTR_ACCESS_LOCAL_WRITE);
-    const int e = errno;
-    const long pts = fault::disarm();
-    const bool refused = mr == nullptr;
-    if (!mr) {
-      FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
-      mr = compcntr_reg_mr(d, dst, 8, COMPCNTR_ACCESS_LOCAL_WRITE);
-    }
-    FCHECK(mr && mr->lkey != 0, "reg_mr works once the fault is gone");
-    if (mr) compcntr_dereg_mr(mr);
-    return {pts, refused};
-  });
-  fault::sweep("connect_qp", fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
-    compcntr_qp *a = compcntr_create_qp(d), *b = compcntr_create_qp(d);
-    compcntr_modify_qp(a, COMPCNTR_QPS_INIT);
-    compcntr_modify_qp(b, COMPCNTR_QPS_INIT);
-    fault::arm(m, k, kinds);
-    const int r = compcntr_connect_qp(a, b);
-    const long pts = fault::disarm();
-    if (r != 0) {
-      FCHECK(r == ENOMEM, "connect = %d (%s)", r, std::strerror(r));
-      FCHECK(compcntr_qp_state(a) == COMPCNTR_QPS_INIT && compcntr_qp_state(b) == COMPCNTR_QPS_INIT, "both stay INIT");
-      FCHECK(compcntr_connect_qp(a, b) == 0, "connect once the fault is gone");
-    }
-    FCHECK(compcntr_qp_state(a) == COMPCNTR_QPS_RTS, "RTS");
-    compcntr_destroy_qp(a);
-    compcntr_destroy_qp(b);
-    return {pts, r != 0};
-  });
-  fault::sweep("qp_attach_comp_cntr", fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
-    compcntr_qp* q = compcntr_create_qp(d);
-    compcntr_comp_cntr* c = counter(d);
-    compcntr_qp_attach_comp_cntr_attr at{0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND};
-    fault::arm(m, k, kinds);
-    const int r = compcntr_qp_attach_comp_cntr(q, c, &at);
-    const long pts = fault::disarm();
-    if (r != 0) {
-      FCHECK(r == ENOMEM, "attach = %d (%s)", r, std::strerror(r));
-      FCHECK(compcntr_qp_attach_comp_cntr(q, c, &at) == 0, "nothing was attached: attach again works");
-    }
-    FCHECK(compcntr_destroy_comp_cntr(c) == EBUSY, "attached now");
-    compcntr_destroy_qp(q);
-    FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy after the QP");
-    return {pts, r != 0};
-  });
+  fault::sweep("create_qp", fault::all & ~fault::malloc_,
+               [&](mode m, long k, unsigned kinds) -> attempt_result {
+                 fault::arm(m, k, kinds);
+                 compcntr_qp* q = compcntr_create_qp(d);
+                 const int e = errno;
+                 const long pts = fault::disarm();
+                 const bool refused = q == nullptr;
+                 if (!q) {
+                   FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+                   q = compcntr_create_qp(d);
+                 }
+                 FCHECK(q && compcntr_qp_state(q) == COMPCNTR_QPS_RESET &&
+                            compcntr_modify_qp(q, COMPCNTR_QPS_INIT) == 0,
+                        "a QP works once the fault is gone");
+                 if (q) compcntr_destroy_qp(q);
+                 return {pts, refused};
+               });
+  fault::sweep("reg_mr", fault::all & ~fault::malloc_,
+               [&](mode m, long k, unsigned kinds) -> attempt_result {
+                 fault::arm(m, k, kinds);
+                 compcntr_mr* mr = compcntr_reg_mr(d, dst, 8, COMPCNTR_ACCESS_LOCAL_WRITE);
+                 const int e = errno;
+                 const long pts = fault::disarm();
+                 const bool refused = mr == nullptr;
+                 if (!mr) {
+                   FCHECK(fault::failed() > 0 && e == ENOMEM, "errno %d (%s)", e, std::strerror(e));
+                   mr = compcntr_reg_mr(d, dst, 8, COMPCNTR_ACCESS_LOCAL_WRITE);
+                 }
+                 FCHECK(mr && mr->lkey != 0, "reg_mr works once the fault is gone");
+                 if (mr) compcntr_dereg_mr(mr);
+                 return {pts, refused};
+               });
+  fault::sweep("connect_qp", fault::all & ~fault::malloc_,
+               [&](mode m, long k, unsigned kinds) -> attempt_result {
+                 compcntr_qp *a = compcntr_create_qp(d), *b = compcntr_create_qp(d);
+                 compcntr_modify_qp(a, COMPCNTR_QPS_INIT);
+                 compcntr_modify_qp(b, COMPCNTR_QPS_INIT);
+                 fault::arm(m, k, kinds);
+                 const int r = compcntr_connect_qp(a, b);
+                 const long pts = fault::disarm();
+                 if (r != 0) {
+                   FCHECK(r == ENOMEM, "connect = %d (%s)", r, std::strerror(r));
+                   FCHECK(compcntr_qp_state(a) == COMPCNTR_QPS_INIT &&
+                              compcntr_qp_state(b) == COMPCNTR_QPS_INIT,
+                          "both stay INIT");
+                   FCHECK(compcntr_connect_qp(a, b) == 0, "connect once the fault is gone");
+                 }
+                 FCHECK(compcntr_qp_state(a) == COMPCNTR_QPS_RTS, "RTS");
+                 compcntr_destroy_qp(a);
+                 compcntr_destroy_qp(b);
+                 return {pts, r != 0};
+               });
+  fault::sweep("qp_attach_comp_cntr", fault::all & ~fault::malloc_,
+               [&](mode m, long k, unsigned kinds) -> attempt_result {
+                 compcntr_qp* q = compcntr_create_qp(d);
+                 compcntr_comp_cntr* c = counter(d);
+                 compcntr_qp_attach_comp_cntr_attr at{0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND};
+                 fault::arm(m, k, kinds);
+                 const int r = compcntr_qp_attach_comp_cntr(q, c, &at);
+                 const long pts = fault::disarm();
+                 if (r != 0) {
+                   FCHECK(r == ENOMEM, "attach = %d (%s)", r, std::strerror(r));
+                   FCHECK(compcntr_qp_attach_comp_cntr(q, c, &at) == 0,
+                          "nothing was attached: attach again works");
+                 }
+                 FCHECK(compcntr_destroy_comp_cntr(c) == EBUSY, "attached now");
+                 compcntr_destroy_qp(q);
+                 FCHECK(compcntr_destroy_comp_cntr(c) == 0, "destroy after the QP");
+                 return {pts, r != 0};
+               });
   // Posts that queue (nothing to match yet) allocate queue space now and then (a deque grows
   // by blocks): `before` posts are queued first so that the swept post is one that allocates.
   for (bool recv_first : {true, false}) {
     char many[64][64];
     compcntr_mr* mmr = compcntr_reg_mr(d, many, sizeof many, COMPCNTR_ACCESS_LOCAL_WRITE);
     auto post = [&](pair& p, int i) {
-      return recv_first ? compcntr_post_recv(p.b, static_cast<std::uint64_t>(i), many[i], 64, mmr->lkey)
-                        : compcntr_post_send(p.a, static_cast<std::uint64_t>(i), src, 8, smr->lkey);
+      return recv_first
+                 ? compcntr_post_recv(p.b, static_cast<std::uint64_t>(i), many[i], 64, mmr->lkey)
+                 : compcntr_post_send(p.a, static_cast<std::uint64_t>(i), src, 8, smr->lkey);
     };
-    int before = -1;  // the first queue length at which one more post allocates
+    int before = -1; // the first queue length at which one more post allocates
     for (int b = 0; b < 63 && before < 0; ++b) {
       pair p = make_pair(d);
       for (int i = 0; i < b; ++i) post(p, i);
@@ -671,40 +718,43 @@ void family_qp() {
     }
     FCHECK(before >= 0, "no queued post allocates within 63 posts");
     if (before < 0) before = 0;
-    fault::sweep(recv_first ? "post_recv (queued, the queue grows)" : "post_send (queued, the queue grows)",
-                 fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
-                   pair p = make_pair(d);
-                   for (int i = 0; i < before; ++i) post(p, i);
-                   fault::arm(m, k, kinds);
-                   const int r = post(p, before);
-                   const long pts = fault::disarm();
-                   if (r != 0) {
-                     FCHECK(r == ENOMEM, "post = %d (%s)", r, std::strerror(r));
-                     FCHECK(value(p.send) == 0 && value(p.recv) == 0, "no completion");
-                     FCHECK(compcntr_qp_state(p.a) == COMPCNTR_QPS_RTS && compcntr_qp_state(p.b) == COMPCNTR_QPS_RTS,
-                            "both stay RTS");
-                     FCHECK(post(p, before) == 0, "the post works once the fault is gone");
-                   }
-                   // Match everything queued: exactly before + 1 messages move.
-                   for (int i = 0; i <= before; ++i)
-                     FCHECK((recv_first ? compcntr_post_send(p.a, 100, src, 8, smr->lkey)
-                                        : compcntr_post_recv(p.b, 100, many[i], 64, mmr->lkey)) == 0,
-                            "the matching post");
-                   const auto n = static_cast<std::uint64_t>(before + 1);
-                   FCHECK(value(p.send) == n && value(p.recv) == n, "exactly %llu messages moved (%llu/%llu)",
-                          static_cast<unsigned long long>(n), static_cast<unsigned long long>(value(p.send)),
-                          static_cast<unsigned long long>(value(p.recv)));
-                   FCHECK(std::memcmp(many[before], "payload", 8) == 0, "the last message's bytes");
-                   std::memset(many, 0, sizeof many);
-                   drop_pair(p);
-                   return {pts, r != 0};
-                 });
+    fault::sweep(
+        recv_first ? "post_recv (queued, the queue grows)" : "post_send (queued, the queue grows)",
+        fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+          pair p = make_pair(d);
+          for (int i = 0; i < before; ++i) post(p, i);
+          fault::arm(m, k, kinds);
+          const int r = post(p, before);
+          const long pts = fault::disarm();
+          if (r != 0) {
+            FCHECK(r == ENOMEM, "post = %d (%s)", r, std::strerror(r));
+            FCHECK(value(p.send) == 0 && value(p.recv) == 0, "no completion");
+            FCHECK(compcntr_qp_state(p.a) == COMPCNTR_QPS_RTS &&
+                       compcntr_qp_state(p.b) == COMPCNTR_QPS_RTS,
+                   "both stay RTS");
+            FCHECK(post(p, before) == 0, "the post works once the fault is gone");
+          }
+          // Match everything queued: exactly before + 1 messages move.
+          for (int i = 0; i <= before; ++i)
+            FCHECK((recv_first ? compcntr_post_send(p.a, 100, src, 8, smr->lkey)
+                               : compcntr_post_recv(p.b, 100, many[i], 64, mmr->lkey)) == 0,
+                   "the matching post");
+          const auto n = static_cast<std::uint64_t>(before + 1);
+          FCHECK(value(p.send) == n && value(p.recv) == n,
+                 "exactly %llu messages moved (%llu/%llu)", static_cast<unsigned long long>(n),
+                 static_cast<unsigned long long>(value(p.send)),
+                 static_cast<unsigned long long>(value(p.recv)));
+          FCHECK(std::memcmp(many[before], "payload", 8) == 0, "the last message's bytes");
+          std::memset(many, 0, sizeof many);
+          drop_pair(p);
+          return {pts, r != 0};
+        });
     compcntr_dereg_mr(mmr);
   }
   {
     pair p = make_pair(d);
     fault::no_points("post_send matched, post_rdma_write, modify_qp(ERR), destroy_qp", [&] {
-      compcntr_post_recv(p.b, 1, dst, sizeof dst, dmr->lkey);  // queued during the warm-up only
+      compcntr_post_recv(p.b, 1, dst, sizeof dst, dmr->lkey); // queued during the warm-up only
       compcntr_post_send(p.a, 2, src, 8, smr->lkey);
     });
     drop_pair(p);
@@ -739,7 +789,8 @@ void family_rlimit() {
   int lowest_free = 0;
   while (fcntl(lowest_free, F_GETFD) != -1) ++lowest_free;
   rlimit low = old;
-  low.rlim_cur = static_cast<rlim_t>(lowest_free);  // a new fd gets the lowest free number: none left
+  low.rlim_cur =
+      static_cast<rlim_t>(lowest_free); // a new fd gets the lowest free number: none left
   FCHECK(setrlimit(RLIMIT_NOFILE, &low) == 0, "setrlimit");
   int fd = -1;
   int r = compcntr_comp_cntr_get_fd(c, &fd);
@@ -747,7 +798,8 @@ void family_rlimit() {
   FCHECK(compcntr_comp_cntr_arm_fd(c) == EINVAL, "no fd after the failure");
   compcntr_devx_cmd_comp* q = compcntr_devx_create_cmd_comp(d);
   const int e = errno;
-  FCHECK(q == nullptr && e == EMFILE, "create_cmd_comp: %p errno %d (%s)", static_cast<void*>(q), e, std::strerror(e));
+  FCHECK(q == nullptr && e == EMFILE, "create_cmd_comp: %p errno %d (%s)", static_cast<void*>(q), e,
+         std::strerror(e));
   FCHECK(compcntr_comp_cntr_arm_fd_threshold(c, 1) == EINVAL, "no fd to arm for a threshold");
   {
     // A striped counter needs no fd.
@@ -768,8 +820,8 @@ void family_rlimit() {
     // FI_WAIT_UNSPEC does not.
     fid_cntr* cn = reinterpret_cast<fid_cntr*>(0x1);
     const int ra = compcntr_fi_cntr_open(d, &fa, &cn, nullptr);
-    FCHECK(ra == -FI_EMFILE && cn == reinterpret_cast<fid_cntr*>(0x1), "adapter FI_WAIT_FD without fds = %d (%s)", ra,
-           fi_strerror(-ra));
+    FCHECK(ra == -FI_EMFILE && cn == reinterpret_cast<fid_cntr*>(0x1),
+           "adapter FI_WAIT_FD without fds = %d (%s)", ra, fi_strerror(-ra));
     fi_cntr_attr ua = fa;
     ua.wait_obj = FI_WAIT_UNSPEC;
     cn = nullptr;
@@ -815,8 +867,10 @@ void family_rlimit() {
 void family_fabric() {
   compcntr_device* d = open_soft();
   for (fi_wait_obj w : {FI_WAIT_UNSPEC, FI_WAIT_FD}) {
-    fault::sweep(w == FI_WAIT_FD ? "compcntr_fi_cntr_open (FI_WAIT_FD)" : "compcntr_fi_cntr_open (FI_WAIT_UNSPEC)",
-                 fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+    fault::sweep(w == FI_WAIT_FD ? "compcntr_fi_cntr_open (FI_WAIT_FD)"
+                                 : "compcntr_fi_cntr_open (FI_WAIT_UNSPEC)",
+                 fault::all & ~fault::malloc_,
+                 [&](mode m, long k, unsigned kinds) -> attempt_result {
                    fi_cntr_attr attr{};
                    attr.events = FI_CNTR_EVENTS_COMP;
                    attr.wait_obj = w;
@@ -825,10 +879,11 @@ void family_fabric() {
                    const int r = compcntr_fi_cntr_open(d, &attr, &cn, nullptr);
                    const long pts = fault::disarm();
                    if (r != 0) {
-                     FCHECK(fault::one_of(-r, {FI_ENOMEM, FI_EMFILE, ENFILE}), "fi_cntr_open = %d (%s)", r,
-                            fi_strerror(-r));
+                     FCHECK(fault::one_of(-r, {FI_ENOMEM, FI_EMFILE, ENFILE}),
+                            "fi_cntr_open = %d (%s)", r, fi_strerror(-r));
                      FCHECK(cn == reinterpret_cast<fid_cntr*>(0x1), "*cntr not written on error");
-                     FCHECK(compcntr_fi_cntr_open(d, &attr, &cn, nullptr) == 0, "works once the fault is gone");
+                     FCHECK(compcntr_fi_cntr_open(d, &attr, &cn, nullptr) == 0,
+                            "works once the fault is gone");
                    }
                    FCHECK(fi_cntr_add(cn, 2) == 0 && fi_cntr_read(cn) == 2, "the adapter counts");
                    FCHECK(fi_close(&cn->fid) == 0, "fi_close");
@@ -848,8 +903,8 @@ void family_fabric() {
   cqa.format = FI_CQ_FORMAT_DATA;
   cqa.size = 64;
   if (fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &info) == 0 &&
-      fi_fabric(info->fabric_attr, &fab, nullptr) == 0 && fi_domain(fab, info, &dom, nullptr) == 0 &&
-      fi_cq_open(dom, &cqa, &cq, nullptr) == 0) {
+      fi_fabric(info->fabric_attr, &fab, nullptr) == 0 &&
+      fi_domain(fab, info, &dom, nullptr) == 0 && fi_cq_open(dom, &cqa, &cq, nullptr) == 0) {
     compcntr_comp_cntr* c = counter(d);
     fault::sweep("compcntr_fi_bridge_open + bind + progress + close", fault::all & ~fault::malloc_,
                  [&](mode m, long k, unsigned kinds) -> attempt_result {
@@ -885,39 +940,46 @@ void family_fabric() {
   if (dom && fi_cntr_open(dom, &pca, &pc, nullptr) == 0) {
     compcntr_comp_cntr* c = counter(d);
     for (bool ex : {false, true})
-      fault::sweep(ex ? "compcntr_fi_mirror_open_ex + progress + close" : "compcntr_fi_mirror_open + progress + close",
-                   fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
-                     const std::uint64_t before = value(c);
-                     FCHECK(fi_cntr_add(pc, 5) == 0, "provider fi_cntr_add");  // before open: the baseline
-                     compcntr_fi_mirror_attr ma{};
-                     ma.comp_mask = COMPCNTR_FI_MIRROR_ATTR_VALUE_BITS;
-                     ma.value_bits = 64;
-                     fault::arm(m, k, kinds);
-                     compcntr_fi_mirror* mi = ex ? compcntr_fi_mirror_open_ex(pc, c, &ma) : compcntr_fi_mirror_open(pc, c);
-                     const int e = mi ? 0 : errno;
-                     const int pr = mi ? compcntr_fi_mirror_progress(mi) : 0;
-                     const long pts = fault::disarm();
-                     FCHECK(value(c) == before, "open + progress add nothing the provider had at open");
-                     if (!mi) {
-                       FCHECK(e == ENOMEM, "mirror_open errno %d (%s), documented: ENOMEM", e, std::strerror(e));
-                       FCHECK(compcntr_fi_last_error()[0] != '\0', "a message names the cause");
-                       mi = ex ? compcntr_fi_mirror_open_ex(pc, c, &ma) : compcntr_fi_mirror_open(pc, c);
-                       FCHECK(mi != nullptr, "mirror_open once the fault is gone");
-                       if (!mi) return {pts, true};
-                     }
-                     FCHECK(pr == 0, "mirror_progress = %d", pr);
-                     FCHECK(fi_cntr_add(pc, 3) == 0 && compcntr_fi_mirror_progress(mi) == 0 && value(c) == before + 3,
-                            "the mirror carries the provider's gain (value %llu, expected %llu)",
-                            static_cast<unsigned long long>(value(c)), static_cast<unsigned long long>(before + 3));
-                     FCHECK(compcntr_fi_mirror_close(mi) == 0, "mirror_close");
-                     return {pts, e != 0};
-                   });
+      fault::sweep(
+          ex ? "compcntr_fi_mirror_open_ex + progress + close"
+             : "compcntr_fi_mirror_open + progress + close",
+          fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
+            const std::uint64_t before = value(c);
+            FCHECK(fi_cntr_add(pc, 5) == 0, "provider fi_cntr_add"); // before open: the baseline
+            compcntr_fi_mirror_attr ma{};
+            ma.comp_mask = COMPCNTR_FI_MIRROR_ATTR_VALUE_BITS;
+            ma.value_bits = 64;
+            fault::arm(m, k, kinds);
+            compcntr_fi_mirror* mi =
+                ex ? compcntr_fi_mirror_open_ex(pc, c, &ma) : compcntr_fi_mirror_open(pc, c);
+            const int e = mi ? 0 : errno;
+            const int pr = mi ? compcntr_fi_mirror_progress(mi) : 0;
+            const long pts = fault::disarm();
+            FCHECK(value(c) == before, "open + progress add nothing the provider had at open");
+            if (!mi) {
+              FCHECK(e == ENOMEM, "mirror_open errno %d (%s), documented: ENOMEM", e,
+                     std::strerror(e));
+              FCHECK(compcntr_fi_last_error()[0] != '\0', "a message names the cause");
+              mi = ex ? compcntr_fi_mirror_open_ex(pc, c, &ma) : compcntr_fi_mirror_open(pc, c);
+              FCHECK(mi != nullptr, "mirror_open once the fault is gone");
+              if (!mi) return {pts, true};
+            }
+            FCHECK(pr == 0, "mirror_progress = %d", pr);
+            FCHECK(fi_cntr_add(pc, 3) == 0 && compcntr_fi_mirror_progress(mi) == 0 &&
+                       value(c) == before + 3,
+                   "the mirror carries the provider's gain (value %llu, expected %llu)",
+                   static_cast<unsigned long long>(value(c)),
+                   static_cast<unsigned long long>(before + 3));
+            FCHECK(compcntr_fi_mirror_close(mi) == 0, "mirror_close");
+            return {pts, e != 0};
+          });
     compcntr_fi_mirror* mi = compcntr_fi_mirror_open(pc, c);
     FCHECK(mi != nullptr, "mirror_open");
     if (mi) {
       fault::no_points("compcntr_fi_mirror_progress (nothing new, a gain)", [&] {
         FCHECK(compcntr_fi_mirror_progress(mi) == 0, "progress");
-        FCHECK(fi_cntr_add(pc, 1) == 0 && compcntr_fi_mirror_progress(mi) == 0, "progress after a gain");
+        FCHECK(fi_cntr_add(pc, 1) == 0 && compcntr_fi_mirror_progress(mi) == 0,
+               "progress after a gain");
       });
       compcntr_fi_mirror_close(mi);
     }
@@ -966,7 +1028,8 @@ void family_hook() {
     const int r = fi_cntr_open(dom, &a, &cn, nullptr);
     FCHECK(r == 0, "fi_cntr_open without faults = %d (%s)", r, fi_strerror(-r));
     if (r != 0) return;
-    if (want_hooked) FCHECK(compcntr_fi_cntr_comp_cntr(cn) != nullptr, "the hook serves the counter");
+    if (want_hooked)
+      FCHECK(compcntr_fi_cntr_comp_cntr(cn) != nullptr, "the hook serves the counter");
     FCHECK(fi_cntr_add(cn, 2) == 0 && fi_cntr_read(cn) == 2, "a counter counts");
     FCHECK(fi_close(&cn->fid) == 0, "fi_close of the counter");
   };
@@ -977,8 +1040,10 @@ void family_hook() {
                  const int r = fi_domain(fab, info, &dom, nullptr);
                  const long pts = fault::disarm();
                  if (r != 0) {
-                   FCHECK(fault::one_of(-r, {FI_ENOMEM, FI_EMFILE, ENFILE}), "fi_domain = %d (%s)", r, fi_strerror(-r));
-                   FCHECK(fi_domain(fab, info, &dom, nullptr) == 0, "fi_domain once the fault is gone");
+                   FCHECK(fault::one_of(-r, {FI_ENOMEM, FI_EMFILE, ENFILE}), "fi_domain = %d (%s)",
+                          r, fi_strerror(-r));
+                   FCHECK(fi_domain(fab, info, &dom, nullptr) == 0,
+                          "fi_domain once the fault is gone");
                  }
                  // A domain the hook could not wrap is the provider's: its counters are the
                  // provider's then, so only the counting is asked of it.
@@ -990,33 +1055,37 @@ void family_hook() {
   if (fi_domain(fab, info, &dom, nullptr) == 0) {
     cntr_works(dom, FI_WAIT_UNSPEC, true);
     for (fi_wait_obj w : {FI_WAIT_UNSPEC, FI_WAIT_FD, FI_WAIT_NONE}) {
-      const char* name = w == FI_WAIT_FD ? "fi_cntr_open under the hook (FI_WAIT_FD)"
+      const char* name = w == FI_WAIT_FD     ? "fi_cntr_open under the hook (FI_WAIT_FD)"
                          : w == FI_WAIT_NONE ? "fi_cntr_open under the hook (FI_WAIT_NONE)"
                                              : "fi_cntr_open under the hook (FI_WAIT_UNSPEC)";
-      fault::sweep(name, fault::all & ~fault::malloc_, [&](mode m, long k, unsigned kinds) -> attempt_result {
-        fi_cntr_attr a{};
-        a.events = FI_CNTR_EVENTS_COMP;
-        a.wait_obj = w;
-        fid_cntr* cn = reinterpret_cast<fid_cntr*>(0x1);
-        fault::arm(m, k, kinds);
-        const int r = fi_cntr_open(dom, &a, &cn, nullptr);
-        const long pts = fault::disarm();
-        if (r != 0) {
-          FCHECK(fault::one_of(-r, {FI_ENOMEM, FI_EMFILE, ENFILE}), "fi_cntr_open = %d (%s)", r, fi_strerror(-r));
-          FCHECK(cn == reinterpret_cast<fid_cntr*>(0x1), "*cntr not written on error");
-          const int r2 = fi_cntr_open(dom, &a, &cn, nullptr);
-          FCHECK(r2 == 0, "fi_cntr_open once the fault is gone = %d", r2);
-          if (r2 != 0) return {pts, true};
-          FCHECK(compcntr_fi_cntr_comp_cntr(cn) != nullptr, "hooked again once the fault is gone");
-        }
-        // Hooked, or left to the provider: it counts, waits and closes either way.
-        FCHECK(fi_cntr_add(cn, 2) == 0 && fi_cntr_read(cn) == 2, "the counter counts");
-        if (w != FI_WAIT_NONE) FCHECK(fi_cntr_wait(cn, 2, 0) == 0, "fi_cntr_wait at the threshold");
-        FCHECK(fi_close(&cn->fid) == 0, "fi_close");
-        return {pts, r != 0};
-      });
+      fault::sweep(name, fault::all & ~fault::malloc_,
+                   [&](mode m, long k, unsigned kinds) -> attempt_result {
+                     fi_cntr_attr a{};
+                     a.events = FI_CNTR_EVENTS_COMP;
+                     a.wait_obj = w;
+                     fid_cntr* cn = reinterpret_cast<fid_cntr*>(0x1);
+                     fault::arm(m, k, kinds);
+                     const int r = fi_cntr_open(dom, &a, &cn, nullptr);
+                     const long pts = fault::disarm();
+                     if (r != 0) {
+                       FCHECK(fault::one_of(-r, {FI_ENOMEM, FI_EMFILE, ENFILE}),
+                              "fi_cntr_open = %d (%s)", r, fi_strerror(-r));
+                       FCHECK(cn == reinterpret_cast<fid_cntr*>(0x1), "*cntr not written on error");
+                       const int r2 = fi_cntr_open(dom, &a, &cn, nullptr);
+                       FCHECK(r2 == 0, "fi_cntr_open once the fault is gone = %d", r2);
+                       if (r2 != 0) return {pts, true};
+                       FCHECK(compcntr_fi_cntr_comp_cntr(cn) != nullptr,
+                              "hooked again once the fault is gone");
+                     }
+                     // Hooked, or left to the provider: it counts, waits and closes either way.
+                     FCHECK(fi_cntr_add(cn, 2) == 0 && fi_cntr_read(cn) == 2, "the counter counts");
+                     if (w != FI_WAIT_NONE)
+                       FCHECK(fi_cntr_wait(cn, 2, 0) == 0, "fi_cntr_wait at the threshold");
+                     FCHECK(fi_close(&cn->fid) == 0, "fi_close");
+                     return {pts, r != 0};
+                   });
     }
-    cntr_works(dom, FI_WAIT_UNSPEC, true);  // nothing a fault did stays behind
+    cntr_works(dom, FI_WAIT_UNSPEC, true); // nothing a fault did stays behind
     fi_close(&dom->fid);
   } else {
     FCHECK(false, "fi_domain under the hook without faults");
@@ -1030,15 +1099,18 @@ void family_hook() {
 void check_family(const char* name, void (*fn)()) {
   const fault::totals t = fault::run_family(name, fn);
   add(t);
-  std::printf("fault: family %s: %ld scenarios, %ld injection points, %ld runs with a fault, %ld failures\n", name,
-              t.scenarios, t.points, t.runs, t.failures);
+  std::printf("fault: family %s: %ld scenarios, %ld injection points, %ld runs with a fault, %ld "
+              "failures\n",
+              name, t.scenarios, t.points, t.runs, t.failures);
   std::fflush(stdout);
   CHECK_MESSAGE(t.failures == 0, name << ": " << t.failures << " failure(s), see the log");
 }
 
-}  // namespace
+} // namespace
 
-TEST_CASE("fault: device open (allocation, fd, hwloc; malloc without ASan)") { check_family("device", family_device); }
+TEST_CASE("fault: device open (allocation, fd, hwloc; malloc without ASan)") {
+  check_family("device", family_device);
+}
 TEST_CASE("fault: counters and arena growth") { check_family("counters", family_counters); }
 TEST_CASE("fault: pollable fds and polls") { check_family("fds", family_fds); }
 TEST_CASE("fault: cmd_comp") { check_family("cmd_comp", family_cmd_comp); }
@@ -1055,10 +1127,11 @@ TEST_CASE("fault: libfabric adapter, bridge and mirror") { check_family("fabric"
 TEST_CASE("fault: the hook provider (FI_HOOK=compcntr)") { check_family("hook", family_hook); }
 #endif
 TEST_CASE("fault: totals") {
-  std::printf("fault: %ld scenarios, %ld injection points, %ld runs with a fault (%ld refused with a "
-              "documented errno, %ld absorbed), up to %ld distinct call sites per family, %ld hwloc "
-              "aborts (malloc sweeps), %ld failures\n",
-              grand.scenarios, grand.points, grand.runs, grand.refused, grand.absorbed, grand.sites,
-              grand.hwloc_aborts, grand.failures);
+  std::printf(
+      "fault: %ld scenarios, %ld injection points, %ld runs with a fault (%ld refused with a "
+      "documented errno, %ld absorbed), up to %ld distinct call sites per family, %ld hwloc "
+      "aborts (malloc sweeps), %ld failures\n",
+      grand.scenarios, grand.points, grand.runs, grand.refused, grand.absorbed, grand.sites,
+      grand.hwloc_aborts, grand.failures);
   CHECK(grand.failures == 0);
 }

@@ -41,6 +41,6 @@ std::size_t distinct_sites();
 /// hwloc_alloc_membind (crash attribution).
 bool inside_hwloc_load();
 
-}  // namespace fault
+} // namespace fault
 
 #endif

@@ -55,15 +55,15 @@ inline const char*& current() {
   return c;
 }
 
-#define FCHECK(cond, ...)                                                                \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      ++::fault::tally().failures;                                                       \
+#define FCHECK(cond, ...)                                                                  \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      ++::fault::tally().failures;                                                         \
       std::fprintf(stderr, "fault: FAILED [%s] %s:%d: %s: ", ::fault::current(), __FILE__, \
-                   __LINE__, #cond);                                                     \
-      std::fprintf(stderr, __VA_ARGS__);                                                 \
-      std::fputc('\n', stderr);                                                          \
-    }                                                                                    \
+                   __LINE__, #cond);                                                       \
+      std::fprintf(stderr, __VA_ARGS__);                                                   \
+      std::fputc('\n', stderr);                                                            \
+    }                                                                                      \
   } while (0)
 
 inline bool one_of(int e, std::initializer_list<int> l) {
@@ -122,7 +122,7 @@ int isolated(F attempt_fn) {
   std::fflush(stderr);
   const pid_t pid = fork();
   if (pid == 0) {
-    struct sigaction sa {};
+    struct sigaction sa{};
     sa.sa_handler = [](int) {
       if (inside_hwloc_load()) _exit(42);
       // Not hwloc: say where (glibc's backtrace is safe enough in a dying child).
@@ -167,12 +167,13 @@ void sweep_malloc(const char* name, F attempt) {
         ++aborts;
       } else if (r == 3) {
         ++tally().failures;
-        std::fprintf(stderr, "fault: FAILED [%s] crashed outside hwloc with malloc point %ld failing (%s)\n",
-                     name, k, m == mode::once ? "once" : "from then on");
+        std::fprintf(
+            stderr, "fault: FAILED [%s] crashed outside hwloc with malloc point %ld failing (%s)\n",
+            name, k, m == mode::once ? "once" : "from then on");
       } else if (r == 1) {
         ++tally().failures;
-        std::fprintf(stderr, "fault: FAILED [%s] check failed with malloc point %ld failing (%s)\n", name, k,
-                     m == mode::once ? "once" : "from then on");
+        std::fprintf(stderr, "fault: FAILED [%s] check failed with malloc point %ld failing (%s)\n",
+                     name, k, m == mode::once ? "once" : "from then on");
       }
     }
   ++tally().scenarios;
@@ -191,7 +192,8 @@ inline int& report_fd() {
 /// Ends a family's child process: reports its totals to the parent and exits (1 on failures).
 [[noreturn]] inline void finish_family() {
   tally().sites = static_cast<long>(distinct_sites());
-  if (write(report_fd(), &tally(), sizeof(totals)) != static_cast<ssize_t>(sizeof(totals))) _exit(3);
+  if (write(report_fd(), &tally(), sizeof(totals)) != static_cast<ssize_t>(sizeof(totals)))
+    _exit(3);
   std::fflush(stdout);
   std::fflush(stderr);
   _exit(tally().failures ? 1 : 0);

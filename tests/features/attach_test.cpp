@@ -86,7 +86,8 @@ TEST_CASE("attach: an op already served is EBUSY and the whole request is refuse
   auto c1 = make_counter(dev), c2 = make_counter(dev);
   REQUIRE(try_attach(q, c1, 0x1 | 0x4) == std::error_code{});
   CHECK(try_attach(q, c2, 0x4) == std::errc::device_or_resource_busy);
-  CHECK(try_attach(q, c2, 0x2 | 0x4 | 0x8) == std::errc::device_or_resource_busy);  // partial overlap
+  CHECK(try_attach(q, c2, 0x2 | 0x4 | 0x8) ==
+        std::errc::device_or_resource_busy);  // partial overlap
   CHECK(msg().find("0x4") != std::string::npos);
   CHECK(served_by(q, c2) == 0);  // not even the free bits 0x2 and 0x8
   CHECK(try_attach(q, c1, 0x1) == std::errc::device_or_resource_busy);  // same counter, same op
@@ -227,8 +228,9 @@ TEST_CASE("attach racing with counter::destroy: exactly one of them wins, every 
     std::error_code destroy_ec, attach_ec;
     std::thread t([&] {
       sync.arrive_and_wait();
-      for (int k = 0; k < i % 4; ++k) std::this_thread::yield();  // vary who goes first
-      attach_ec = q.native_impl()->attach(*s, compcntr::attach_options{.comp_mask = 0, .op_mask = 1});
+      for (int k = 0; k < i % 4; ++k) std::this_thread::yield(); // vary who goes first
+      attach_ec =
+          q.native_impl()->attach(*s, compcntr::attach_options{.comp_mask = 0, .op_mask = 1});
     });
     sync.arrive_and_wait();
     for (int k = 0; k < (i / 4) % 4; ++k) std::this_thread::yield();
@@ -244,6 +246,6 @@ TEST_CASE("attach racing with counter::destroy: exactly one of them wins, every 
     }
   }
   CHECK(attach_won + destroy_won == rounds);
-  CHECK(dev.live_counters() == 0);  // every slot went back (the attached ones with their QP)
+  CHECK(dev.live_counters() == 0); // every slot went back (the attached ones with their QP)
   MESSAGE("attach won " << attach_won << " times, destroy won " << destroy_won << " times");
 }

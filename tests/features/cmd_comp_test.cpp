@@ -27,7 +27,8 @@ struct soft_device {
   ~soft_device() { CHECK(compcntr_close_device(dev) == 0); }
 };
 
-compcntr_comp_cntr* create_counter(compcntr_device* dev, compcntr_comp_cntr_type type = COMPCNTR_COMP_CNTR_TYPE_WRS) {
+compcntr_comp_cntr* create_counter(compcntr_device* dev,
+                                   compcntr_comp_cntr_type type = COMPCNTR_COMP_CNTR_TYPE_WRS) {
   compcntr_comp_cntr_init_attr a{};
   a.type = type;
   compcntr_comp_cntr* cc = compcntr_create_comp_cntr(dev, &a);
@@ -48,7 +49,9 @@ struct response {
 };
 static_assert(sizeof(response) == COMPCNTR_COMP_CNTR_ASYNC_RESP_LEN);
 
-compcntr_devx_async_cmd_hdr* hdr(response& r) { return reinterpret_cast<compcntr_devx_async_cmd_hdr*>(&r); }
+compcntr_devx_async_cmd_hdr* hdr(response& r) {
+  return reinterpret_cast<compcntr_devx_async_cmd_hdr*>(&r);
+}
 
 int get(compcntr_devx_cmd_comp* cmd, response& r, size_t len = sizeof(response)) {
   return compcntr_devx_get_async_cmd_comp(cmd, hdr(r), len);
@@ -260,7 +263,8 @@ TEST_CASE("back-pressure: EAGAIN beyond 1 MiB outstanding, nothing dropped, each
   compcntr_devx_cmd_comp* cmd = create_cmd(d.dev);
   compcntr_comp_cntr* cc = create_counter(d.dev);
   constexpr std::uint64_t limit = (1u << 20) / sizeof(compcntr_comp_cntr_values);  // 65,536
-  for (std::uint64_t i = 0; i < limit; ++i) REQUIRE(compcntr_query_comp_cntr_async(cc, i, cmd) == 0);
+  for (std::uint64_t i = 0; i < limit; ++i)
+    REQUIRE(compcntr_query_comp_cntr_async(cc, i, cmd) == 0);
   CHECK(compcntr_query_comp_cntr_async(cc, limit, cmd) == EAGAIN);
   CHECK(last_message().find("1 MiB") != std::string::npos);
   response r{};

@@ -29,8 +29,6 @@ using test_support::open_soft;
 
 namespace {
 
-
-
 compcntr::cmd_completion make_cmd(compcntr::device& dev) {
   std::error_code ec;
   auto cmd = compcntr::cmd_completion::create(dev, ec);
@@ -192,11 +190,11 @@ TEST_CASE("many producers, one consumer: every wr_id answered exactly once, afte
       for (int i = 0; i < per_producer && !abort_test;) {
         counters[p].add(1);
         const std::uint64_t id = (std::uint64_t(p) << 32) | std::uint32_t(i);
-        if (i % 3 == 0) {  // mix single queries and small batches
+        if (i % 3 == 0) { // mix single queries and small batches
           std::error_code e = cmd.query(counters[p], id);
           if (e) {
             if (e != std::errc::resource_unavailable_try_again) ++wrong_errors;
-            counters[p].add(-1ull);  // undo: the query will be retried
+            counters[p].add(-1ull); // undo: the query will be retried
             ++refused;
             std::this_thread::yield();
             continue;
@@ -219,7 +217,8 @@ TEST_CASE("many producers, one consumer: every wr_id answered exactly once, afte
     });
   }
   const std::size_t total = std::size_t(producers) * per_producer;
-  std::vector<std::vector<std::uint8_t>> seen(producers, std::vector<std::uint8_t>(per_producer, 0));
+  std::vector<std::vector<std::uint8_t>> seen(producers,
+                                              std::vector<std::uint8_t>(per_producer, 0));
   std::vector<std::int64_t> last(producers, -1);
   std::vector<compcntr::query_response> out(256);
   std::size_t got = 0;
@@ -230,7 +229,7 @@ TEST_CASE("many producers, one consumer: every wr_id answered exactly once, afte
     REQUIRE_FALSE(ec);
     if (n == 0) {
       pollfd pf{cmd.fd(), POLLIN, 0};
-      if (::poll(&pf, 1, 30000) == 0) {  // guard only: a lost response would hang here
+      if (::poll(&pf, 1, 30000) == 0) { // guard only: a lost response would hang here
         abort_test = true;
         break;
       }
@@ -269,16 +268,16 @@ TEST_CASE("destroy while the engine answers, repeatedly (ASan/TSan check the han
     for (std::size_t i = 0; i < reqs.size(); ++i) reqs[i].wr_id = i;
     std::error_code ec;
     REQUIRE(cmd.query(reqs, ec) == reqs.size());
-    if (round % 3 == 1) {  // let part of it be answered and queued first
+    if (round % 3 == 1) { // let part of it be answered and queued first
       CHECK(cmd.get(ec).wr_id == 0);
       REQUIRE_FALSE(ec);
     }
-    if (round % 3 == 2) c.reset();  // the counter goes first: its slot waits for the queries
+    if (round % 3 == 2) c.reset(); // the counter goes first: its slot waits for the queries
     cmd.reset();
     c.reset();
     CHECK(dev.live_counters() == 0);
     dev.close(ec);
-    CHECK_FALSE(ec);  // no hold of the cmd_comp survives its destruction
+    CHECK_FALSE(ec); // no hold of the cmd_comp survives its destruction
   }
 }
 
@@ -289,11 +288,11 @@ TEST_CASE("a device dropped before its last cmd_comp dies with it (engine stops 
     auto dev = open_soft();
     c = make_counter(dev);
     cmd = make_cmd(dev);
-  }  // the handle's reference is gone; the counter and cmd_comp keep the device alive
+  } // the handle's reference is gone; the counter and cmd_comp keep the device alive
   REQUIRE_FALSE(cmd.query(c, 8));
   std::error_code ec;
   CHECK(cmd.get(ec).wr_id == 8);
   REQUIRE_FALSE(cmd.query(c, 9));
   c.reset();
-  cmd.reset();  // last object: the device and its engine go here (or on the engine thread)
+  cmd.reset(); // last object: the device and its engine go here (or on the engine thread)
 }

@@ -58,10 +58,11 @@ struct waiter {
   std::atomic<int> rc{-1};
   std::thread t;
   template <class F>
-  explicit waiter(F f) : t([this, f] {
-      tid = this_tid();
-      rc = static_cast<int>(f());
-    }) {}
+  explicit waiter(F f)
+      : t([this, f] {
+          tid = this_tid();
+          rc = static_cast<int>(f());
+        }) {}
   bool blocked() { return eventually_blocked(tid); }
   int join() {
     t.join();

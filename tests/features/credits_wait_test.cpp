@@ -56,10 +56,11 @@ struct waiter {
   std::atomic<int> rc{-1};
   std::thread t;
   template <class F>
-  explicit waiter(F f) : t([this, f] {
-      tid = this_tid();
-      rc = static_cast<int>(f());
-    }) {}
+  explicit waiter(F f)
+      : t([this, f] {
+          tid = this_tid();
+          rc = static_cast<int>(f());
+        }) {}
   bool blocked() { return eventually_blocked(tid); }
   int join() {
     t.join();
@@ -72,20 +73,20 @@ struct hook_state {
   std::atomic<int> calls{0};
 };
 
-void complete_one(void* ctx) {  // a "network progress" function that completes an operation
+void complete_one(void* ctx) { // a "network progress" function that completes an operation
   auto* h = static_cast<hook_state*>(ctx);
   h->calls.fetch_add(1);
   h->c->add(1);
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("credits: a sleeping acquire is woken by a completion from another thread") {
   adopted a(1, 2);
   auto& tr = a.tr;
   REQUIRE(tr.acquire(0, 2, 0ms) == errc{});
   waiter w([&] { return tr.acquire(0, 1, compcntr::wait_forever, sleep_at_once()); });
-  REQUIRE(w.blocked());                 // really asleep in the kernel
+  REQUIRE(w.blocked()); // really asleep in the kernel
   CHECK(tr.issued(0) == 2);
   a.c[0].add(1);
   CHECK(w.join() == 0);
@@ -95,7 +96,7 @@ TEST_CASE("credits: a sleeping acquire is woken by a completion from another thr
   // The same with the default spin-then-sleep and a finite timeout.
   waiter w2([&] { return tr.acquire(0, 2, 60s); });
   REQUIRE(w2.blocked());
-  a.c[0].add(1);                        // one back: 1 + 2 > 2, still waiting
+  a.c[0].add(1); // one back: 1 + 2 > 2, still waiting
   REQUIRE(w2.blocked());
   CHECK(w2.rc.load() == -1);
   a.c[0].add(1);
@@ -112,7 +113,7 @@ TEST_CASE("credits: several sleeping acquirers, completions admit exactly as man
     ws.push_back(
         std::make_unique<waiter>([&] { return tr.acquire(0, 1, compcntr::wait_forever); }));
   for (auto& w : ws) REQUIRE(w->blocked());
-  a.c[0].add(2);  // two credits: two of three waiters get in, the third keeps waiting
+  a.c[0].add(2); // two credits: two of three waiters get in, the third keeps waiting
   auto admitted = [&] {
     int n = 0;
     for (auto& w : ws) n += w->rc.load() == 0;
@@ -121,7 +122,7 @@ TEST_CASE("credits: several sleeping acquirers, completions admit exactly as man
   REQUIRE(test_util::eventually([&] { return admitted() == 2; }));
   CHECK(tr.issued(0) == 5);
   for (auto& w : ws)
-    if (w->rc.load() != 0) REQUIRE(w->blocked());  // the third went back to sleep
+    if (w->rc.load() != 0) REQUIRE(w->blocked()); // the third went back to sleep
   CHECK(admitted() == 2);
   a.c[0].add(1);
   for (auto& w : ws) CHECK(w->join() == 0);
@@ -156,10 +157,10 @@ TEST_CASE("credits: errors return credits; EIO when they change without admittin
   auto& tr = a.tr;
   auto& c = a.c[0];
   REQUIRE(tr.acquire(0, 2, 0ms) == errc{});
-  c.add_error(1);                               // an operation failed: it is over
+  c.add_error(1); // an operation failed: it is over
   CHECK(tr.completed(0) == 1);
   CHECK(tr.outstanding(0) == 1);
-  CHECK(tr.try_acquire(0, 1) == errc{});        // its credit is free again
+  CHECK(tr.try_acquire(0, 1) == errc{}); // its credit is free again
 
   // An error during the wait that admits the waiter: success wins.
   waiter w1([&] { return tr.acquire(0, 1, compcntr::wait_forever, sleep_at_once()); });
@@ -171,18 +172,18 @@ TEST_CASE("credits: errors return credits; EIO when they change without admittin
   // An error during the wait that does not admit it: EIO, nothing taken.
   waiter w2([&] { return tr.acquire(0, 2, compcntr::wait_forever, sleep_at_once()); });
   REQUIRE(w2.blocked());
-  c.add_error(1);                               // outstanding 1: 1 + 2 > 2
+  c.add_error(1); // outstanding 1: 1 + 2 > 2
   CHECK(w2.join() == EIO);
   CHECK(tr.issued(0) == 4);
   CHECK(tr.outstanding(0) == 1);
 
   // Errors before the call are not "during" it.
-  REQUIRE(tr.try_acquire(0, 1) == errc{});      // full again
+  REQUIRE(tr.try_acquire(0, 1) == errc{}); // full again
   CHECK(tr.acquire(0, 1, 15ms) == errc::timed_out);
   // A decreasing error count (set_error) is a change as well.
   waiter w3([&] { return tr.acquire(0, 1, compcntr::wait_forever, sleep_at_once()); });
   REQUIRE(w3.blocked());
-  c.set_error(0);                               // issued 5, completed 0: 5 > 2, not admitted
+  c.set_error(0); // issued 5, completed 0: 5 > 2, not admitted
   CHECK(w3.join() == EIO);
   CHECK(tr.issued(0) == 5);
 }
@@ -208,7 +209,7 @@ TEST_CASE("credits: a progress hook drives completions while acquire waits") {
   REQUIRE(tr.acquire(0, 2, 0ms) == errc{});
   hook_state h{&a.c[0]};
   const compcntr::wait_options o{.hook = complete_one, .hook_ctx = &h};
-  CHECK(tr.acquire(0, 2, compcntr::wait_forever, o) == errc{});  // no other thread at all
+  CHECK(tr.acquire(0, 2, compcntr::wait_forever, o) == errc{}); // no other thread at all
   CHECK(h.calls.load() == 2);
   // timeout 0: one check after one progress call.
   h.calls = 0;
@@ -236,10 +237,10 @@ TEST_CASE("credits: stress: acquirers, a completer and releasers on one peer nev
   auto& tr = a.tr;
   auto& c = a.c[0];
 
-  std::atomic<std::int64_t> inflight{0};     // independent of the tracker
+  std::atomic<std::int64_t> inflight{0}; // independent of the tracker
   std::atomic<std::int64_t> max_seen{0};
   std::atomic<int> violations{0};
-  std::atomic<std::int64_t> pending{0};      // operations handed to the completer
+  std::atomic<std::int64_t> pending{0}; // operations handed to the completer
   std::atomic<int> finished{0};
   std::atomic<std::uint64_t> taken{0}, released{0}, completed_ok{0}, completed_err{0};
   std::atomic<int> eio{0}, bad_rc{0};
@@ -269,13 +270,13 @@ TEST_CASE("credits: stress: acquirers, a completer and releasers on one peer nev
           break;
         }
         taken += n;
-        const std::int64_t now = inflight.fetch_add(static_cast<std::int64_t>(n)) +
-                                 static_cast<std::int64_t>(n);
+        const std::int64_t now =
+            inflight.fetch_add(static_cast<std::int64_t>(n)) + static_cast<std::int64_t>(n);
         if (now > static_cast<std::int64_t>(K)) ++violations;
         std::int64_t m = max_seen.load();
         while (now > m && !max_seen.compare_exchange_weak(m, now)) {
         }
-        if (i % 5 == 4) {                      // cancelled before posting: give the credits back
+        if (i % 5 == 4) { // cancelled before posting: give the credits back
           inflight.fetch_sub(static_cast<std::int64_t>(n));
           if (tr.release(0, n) != errc{}) ++bad_rc;
           released += n;
@@ -294,7 +295,7 @@ TEST_CASE("credits: stress: acquirers, a completer and releasers on one peer nev
         continue;
       }
       if (!pending.compare_exchange_weak(p, p - 1)) continue;
-      if (inflight.fetch_sub(1) < 1) ++violations;  // completing something not in flight
+      if (inflight.fetch_sub(1) < 1) ++violations; // completing something not in flight
       if (++k % 7 == 0) {
         c.add_error(1);
         ++completed_err;
@@ -312,7 +313,7 @@ TEST_CASE("credits: stress: acquirers, a completer and releasers on one peer nev
   CHECK(max_seen.load() <= static_cast<std::int64_t>(K));
   CHECK(inflight.load() == 0);
   const std::uint64_t total = taken.load();
-  CHECK(total == static_cast<std::uint64_t>(acquirers) * (rounds / 2) * 3);  // n = 1, 2, 1, ...
+  CHECK(total == static_cast<std::uint64_t>(acquirers) * (rounds / 2) * 3); // n = 1, 2, 1, ...
   CHECK(tr.issued(0) == total);
   CHECK(c.value() == completed_ok.load() + released.load());
   CHECK(c.errors() == completed_err.load());

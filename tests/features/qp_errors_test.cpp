@@ -107,7 +107,9 @@ TEST_CASE("local key errors fail the initiator only, move no byte, target untouc
     buffer remote(p.dev, 64, all_access, 0x31);
     p.a.post_rdma_read(1, ro.data(), 8, ro.lkey(), remote.addr(), remote.rkey(), ec);
     CHECK(p.on_a(attach_op::rdma_read).errors() == 1);
-    CHECK(p.on_b(attach_op::remote_rdma_read).value() + p.on_b(attach_op::remote_rdma_read).errors() == 0);
+    CHECK(p.on_b(attach_op::remote_rdma_read).value() +
+              p.on_b(attach_op::remote_rdma_read).errors() ==
+          0);
     CHECK(ro.all(0x66));
   }
   CHECK(pair::sum(p.wrs_a) + pair::sum(p.wrs_b) == 0);
@@ -140,14 +142,38 @@ TEST_CASE("remote access violations fail the initiator, move no byte, leave the 
     std::uint64_t addr = 0;
     std::uint32_t rkey = 0;
     switch (i++) {
-      case 0: addr = w.addr(); rkey = 0xbad1u; break;
-      case 1: addr = w.addr(); rkey = w.lkey(); break;
-      case 2: addr = r.addr(); rkey = r.rkey(); break;
-      case 3: addr = w.addr(60); rkey = w.rkey(); break;
-      case 4: addr = w.addr() - 1; rkey = w.rkey(); break;
-      case 5: addr = w.addr(); rkey = w.rkey(); break;
-      case 6: addr = r.addr(1); rkey = r.rkey(); break;
-      case 7: addr = 0; rkey = r.rkey(); break;
+      case 0:
+        addr = w.addr();
+        rkey = 0xbad1u;
+        break;
+      case 1:
+        addr = w.addr();
+        rkey = w.lkey();
+        break;
+      case 2:
+        addr = r.addr();
+        rkey = r.rkey();
+        break;
+      case 3:
+        addr = w.addr(60);
+        rkey = w.rkey();
+        break;
+      case 4:
+        addr = w.addr() - 1;
+        rkey = w.rkey();
+        break;
+      case 5:
+        addr = w.addr();
+        rkey = w.rkey();
+        break;
+      case 6:
+        addr = r.addr(1);
+        rkey = r.rkey();
+        break;
+      case 7:
+        addr = 0;
+        rkey = r.rkey();
+        break;
     }
     std::error_code ec;
     if (e.write)
@@ -199,7 +225,8 @@ TEST_CASE("sends waiting on a peer that enters ERR fail, and move their QP to ER
   CHECK(p.on_a(attach_op::send).errors() == 2);
   CHECK(p.on_a(attach_op::recv).errors() == 1);  // a entered ERR: its receive is flushed too
   CHECK(p.a.state() == qp_state::err);
-  CHECK(std::string(p.a.last_completion_error()) == "peer QP entered ERR with sends waiting for it");
+  CHECK(std::string(p.a.last_completion_error()) ==
+        "peer QP entered ERR with sends waiting for it");
 }
 
 TEST_CASE("modify(ERR) flushes posted receives and waiting sends; the peer is not touched") {

@@ -23,7 +23,7 @@ namespace {
 
 std::string msg() { return std::string(compcntr::last_error_message()); }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("QP states: RESET -> INIT -> RTS by connect, any -> ERR, nothing else") {
   auto dev = open_soft();
@@ -32,7 +32,7 @@ TEST_CASE("QP states: RESET -> INIT -> RTS by connect, any -> ERR, nothing else"
   CHECK(a.qp_num() != 0);
   CHECK(a.qp_num() != b.qp_num());
 
-  a.modify(qp_state::rts, ec);  // RESET -> RTS
+  a.modify(qp_state::rts, ec); // RESET -> RTS
   CHECK(ec == std::errc::invalid_argument);
   CHECK(a.state() == qp_state::reset);
   a.modify(qp_state::reset, ec);
@@ -42,14 +42,14 @@ TEST_CASE("QP states: RESET -> INIT -> RTS by connect, any -> ERR, nothing else"
   CHECK(msg().find("unknown state") != std::string::npos);
 
   to_init(a);
-  a.modify(qp_state::init, ec);  // INIT -> INIT is not a transition
+  a.modify(qp_state::init, ec); // INIT -> INIT is not a transition
   CHECK(ec == std::errc::invalid_argument);
-  a.modify(qp_state::rts, ec);  // the software device reaches RTS through connect
+  a.modify(qp_state::rts, ec); // the software device reaches RTS through connect
   CHECK(ec == std::errc::invalid_argument);
   CHECK(msg().find("connect_qp") != std::string::npos);
   CHECK(a.state() == qp_state::init);
 
-  a.connect(b, ec);  // b is still in RESET
+  a.connect(b, ec); // b is still in RESET
   CHECK(ec == std::errc::invalid_argument);
   CHECK(a.state() == qp_state::init);
   CHECK(b.state() == qp_state::reset);
@@ -57,7 +57,7 @@ TEST_CASE("QP states: RESET -> INIT -> RTS by connect, any -> ERR, nothing else"
   CHECK(ec == std::errc::invalid_argument);
   to_init(b);
   connect(a, b);
-  a.connect(b, ec);  // already connected (RTS)
+  a.connect(b, ec); // already connected (RTS)
   CHECK(ec == std::errc::invalid_argument);
   a.modify(qp_state::init, ec);
   CHECK(ec == std::errc::invalid_argument);
@@ -66,13 +66,13 @@ TEST_CASE("QP states: RESET -> INIT -> RTS by connect, any -> ERR, nothing else"
   a.modify(qp_state::err, ec);
   CHECK_FALSE(ec);
   CHECK(a.state() == qp_state::err);
-  CHECK(b.state() == qp_state::rts);  // the peer notices only when it talks to a
-  a.modify(qp_state::err, ec);        // ERR -> ERR is allowed (any -> ERR)
+  CHECK(b.state() == qp_state::rts); // the peer notices only when it talks to a
+  a.modify(qp_state::err, ec); // ERR -> ERR is allowed (any -> ERR)
   CHECK_FALSE(ec);
   a.modify(qp_state::init, ec);
   CHECK(ec == std::errc::invalid_argument);
 
-  auto c = make_qp(dev);  // never connected: any -> ERR still works
+  auto c = make_qp(dev); // never connected: any -> ERR still works
   c.modify(qp_state::err, ec);
   CHECK_FALSE(ec);
   CHECK(c.state() == qp_state::err);
@@ -115,13 +115,13 @@ TEST_CASE("posting needs RTS: EINVAL in RESET, INIT and ERR, and nothing happens
     CHECK(ec == std::errc::invalid_argument);
     CHECK(msg().find("posting needs RTS") != std::string::npos);
   };
-  try_all(a);  // RESET
+  try_all(a); // RESET
   to_init(a);
-  try_all(a);  // INIT
+  try_all(a); // INIT
   to_init(b);
   connect(a, b);
   a.modify(qp_state::err, ec);
-  try_all(a);  // ERR
+  try_all(a); // ERR
   CHECK(sends.value() == 0);
   CHECK(sends.errors() == 0);
   CHECK(recvs.value() == 0);
@@ -143,7 +143,8 @@ TEST_CASE("NULL address with a length is EINVAL and changes nothing; zero length
   CHECK(ec == std::errc::invalid_argument);
   p.a.post_rdma_read(1, nullptr, 16, 0, 0, 0, ec);
   CHECK(ec == std::errc::invalid_argument);
-  CHECK(pair::sum(p.wrs_a) + pair::sum(p.wrs_b) + pair::sum_err(p.wrs_a) + pair::sum_err(p.wrs_b) == 0);
+  CHECK(pair::sum(p.wrs_a) + pair::sum(p.wrs_b) + pair::sum_err(p.wrs_a) + pair::sum_err(p.wrs_b) ==
+        0);
   CHECK(p.a.state() == qp_state::rts);
 
   // Zero-length operations touch no byte: no key is checked (as verbs), they complete.
@@ -171,14 +172,14 @@ TEST_CASE("send meets a receive posted first: both complete at once, bytes exact
   std::error_code ec;
   p.b.post_recv(10, dst.data(), 200, dst.lkey(), ec);
   REQUIRE_FALSE(ec);
-  CHECK(p.on_b(attach_op::recv).value() == 0);  // nothing completed yet
+  CHECK(p.on_b(attach_op::recv).value() == 0); // nothing completed yet
   p.a.post_send(11, src.data() + 5, 100, src.lkey(), ec);
   REQUIRE_FALSE(ec);
   // Visible when the completing call returns.
   CHECK(p.on_a(attach_op::send).value() == 1);
   CHECK(p.on_b(attach_op::recv).value() == 1);
   CHECK(std::memcmp(dst.data(), src.data() + 5, 100) == 0);
-  CHECK(dst.all(0xEE, 100));  // nothing past the message
+  CHECK(dst.all(0xEE, 100)); // nothing past the message
   CHECK(pair::sum(p.wrs_a) == 1);
   CHECK(pair::sum(p.wrs_b) == 1);
   CHECK(pair::sum_err(p.wrs_a) + pair::sum_err(p.wrs_b) == 0);
@@ -191,7 +192,7 @@ TEST_CASE("send posted before the receive waits, and completes on both sides in 
   std::error_code ec;
   p.a.post_send(1, src.data(), 64, src.lkey(), ec);
   REQUIRE_FALSE(ec);
-  CHECK(p.on_a(attach_op::send).value() == 0);  // no receive yet: not complete
+  CHECK(p.on_a(attach_op::send).value() == 0); // no receive yet: not complete
   CHECK(dst.all(0));
   p.b.post_recv(2, dst.data(), 64, dst.lkey(), ec);
   REQUIRE_FALSE(ec);
@@ -211,7 +212,7 @@ TEST_CASE("queued sends and receives match in order, both directions independent
     p.a.post_send(i, src.data() + 32 * i, 32, src.lkey(), ec);
     REQUIRE_FALSE(ec);
   }
-  p.b.post_send(9, src2.data(), 32, src2.lkey(), ec);  // the other direction
+  p.b.post_send(9, src2.data(), 32, src2.lkey(), ec); // the other direction
   REQUIRE_FALSE(ec);
   p.a.post_recv(9, dst2.data(), 32, dst2.lkey(), ec);
   REQUIRE_FALSE(ec);
@@ -234,7 +235,8 @@ TEST_CASE("WRS vs BYTES: +1 per request against +length; the receive counts the 
   auto a = make_qp(dev), b = make_qp(dev);
   auto wrs_send = make_counter(dev), bytes_send = make_counter(dev, counter_type::bytes);
   auto wrs_recv = make_counter(dev), bytes_recv = make_counter(dev, counter_type::bytes);
-  auto bytes_rw = make_counter(dev, counter_type::bytes), bytes_remote = make_counter(dev, counter_type::bytes);
+  auto bytes_rw = make_counter(dev, counter_type::bytes),
+       bytes_remote = make_counter(dev, counter_type::bytes);
   attach(a, bytes_send, static_cast<std::uint32_t>(attach_op::send));
   attach(b, bytes_recv, static_cast<std::uint32_t>(attach_op::recv));
   attach(a, bytes_rw, attach_op::rdma_write | attach_op::rdma_read);
@@ -251,7 +253,7 @@ TEST_CASE("WRS vs BYTES: +1 per request against +length; the receive counts the 
   const std::size_t lens[] = {1, 10, 100, 999};
   std::uint64_t total = 0;
   for (std::size_t len : lens) {
-    b.post_recv(0, dst.data(), 1000, dst.lkey(), ec);  // bigger buffer than the message
+    b.post_recv(0, dst.data(), 1000, dst.lkey(), ec); // bigger buffer than the message
     a.post_send(0, src.data(), len, src.lkey(), ec);
     d.post_recv(0, dst.data(), 1000, dst.lkey(), ec);
     c.post_send(0, src.data(), len, src.lkey(), ec);
@@ -263,9 +265,10 @@ TEST_CASE("WRS vs BYTES: +1 per request against +length; the receive counts the 
   CHECK(wrs_send.value() == 4);
   CHECK(wrs_recv.value() == 4);
   a.post_rdma_write(0, src.data(), 300, src.lkey(), dst.addr(100), dst.rkey(), ec);
-  a.post_rdma_read(0, src.data(), 50, src.lkey(), dst.addr(0), dst.rkey(), ec);  // src lacks local_write
+  a.post_rdma_read(0, src.data(), 50, src.lkey(), dst.addr(0), dst.rkey(),
+                   ec); // src lacks local_write
   CHECK(bytes_rw.value() == 300);
-  CHECK(bytes_rw.errors() == 1);  // errors count requests, not bytes
+  CHECK(bytes_rw.errors() == 1); // errors count requests, not bytes
   CHECK(bytes_remote.value() == 300);
   CHECK(bytes_remote.errors() == 0);
 }
@@ -295,8 +298,10 @@ TEST_CASE("RDMA write and read move exact bytes and count on both sides") {
 
   // The target side initiates too: its local ops and a's remote ops.
   p.b.post_rdma_write(3, remote.data(), 16, remote.lkey(), local.addr(0), local.rkey(), ec);
-  CHECK(p.on_b(attach_op::rdma_write).errors() == 1);  // local lacks remote_write
-  CHECK(p.on_a(attach_op::remote_rdma_write).value() + p.on_a(attach_op::remote_rdma_write).errors() == 0);
+  CHECK(p.on_b(attach_op::rdma_write).errors() == 1); // local lacks remote_write
+  CHECK(p.on_a(attach_op::remote_rdma_write).value() +
+            p.on_a(attach_op::remote_rdma_write).errors() ==
+        0);
   CHECK(pair::sum_err(p.wrs_a) == 0);
 }
 

@@ -24,7 +24,8 @@ constexpr std::size_t msg_len = 48;
 
 /// Message `i` of pair `p`: bytes (p * 131 + i * 7 + k) & 0xff.
 void fill_message(unsigned char* out, int p, int i) {
-  for (std::size_t k = 0; k < msg_len; ++k) out[k] = static_cast<unsigned char>(p * 131 + i * 7 + k);
+  for (std::size_t k = 0; k < msg_len; ++k)
+    out[k] = static_cast<unsigned char>(p * 131 + i * 7 + k);
 }
 bool is_message(const unsigned char* in, int p, int i) {
   for (std::size_t k = 0; k < msg_len; ++k)
@@ -118,7 +119,8 @@ TEST_CASE("several QP pairs post at once from both sides: exact totals, byte-exa
   CHECK(writes.value() == 2u * pairs * n);  // RDMA writes and reads of side a
   CHECK(remote_writes.value() == std::uint64_t{pairs} * n * 16);
   CHECK(remote_reads.value() == std::uint64_t{pairs} * n);
-  for (auto* c : {&sends, &recv_bytes, &writes, &remote_writes, &remote_reads}) CHECK(c->errors() == 0);
+  for (auto* c : {&sends, &recv_bytes, &writes, &remote_writes, &remote_reads})
+    CHECK(c->errors() == 0);
   for (int p = 0; p < pairs; ++p) {
     CHECK(a[p].state() == qp_state::rts);
     CHECK(b[p].state() == qp_state::rts);
@@ -187,7 +189,7 @@ TEST_CASE("modify(ERR) racing with posts: every accepted request completes exact
     CHECK(s.value() + s.errors() == accepted.load());  // accepted sends all completed, once
     CHECK(r.value() + r.errors() == n);                 // every receive completed or was flushed
     CHECK(s.value() == r.value());                      // successes pair up exactly
-    CHECK(s.errors() <= 1);  // the first send towards ERR fails; later posts are refused (a in ERR)
+    CHECK(s.errors() <= 1); // the first send towards ERR fails; later posts are refused (a in ERR)
     CHECK(p.b.state() == qp_state::err);
   }
 }
@@ -215,8 +217,8 @@ TEST_CASE("destroying a QP while its peer posts: the peer's requests complete ex
     poster.join();
     const auto& s = p.on_a(attach_op::send);
     CHECK(s.value() + s.errors() == accepted.load());
-    CHECK(s.value() == p.on_b(attach_op::recv).value());  // b's counters outlive b (RAII-safe)
-    CHECK(p.on_b(attach_op::recv).errors() == 0);         // destroy completes nothing
+    CHECK(s.value() == p.on_b(attach_op::recv).value()); // b's counters outlive b (RAII-safe)
+    CHECK(p.on_b(attach_op::recv).errors() == 0); // destroy completes nothing
   }
 }
 

@@ -156,7 +156,10 @@ TEST_CASE("unwatch mid-round ignores the late answer; reset releases everything"
   REQUIRE_FALSE(r.watch(c));
   r.refresh();            // round in flight for c
   REQUIRE_FALSE(r.unwatch(c));
-  REQUIRE(eventually([&] { r.refresh(); return r.rounds() >= 1; }));
+  REQUIRE(eventually([&] {
+    r.refresh();
+    return r.rounds() >= 1;
+  }));
   CHECK(c.value() == 0);  // the answer arrived for an unwatched counter: not stored
   REQUIRE_FALSE(r.watch(c));
   r.refresh();
@@ -199,7 +202,10 @@ TEST_CASE("min_interval paces the rounds") {
   auto r = f.refresher(std::chrono::hours(1));
   auto c = f.counter();
   REQUIRE_FALSE(r.watch(c));
-  REQUIRE(eventually([&] { r.refresh(); return r.rounds() >= 1; }));
+  REQUIRE(eventually([&] {
+    r.refresh();
+    return r.rounds() >= 1;
+  }));
   const std::uint64_t queried = f.st->queried.load();
   for (int i = 0; i < 100; ++i) r.refresh();
   CHECK(r.rounds() == 1);

@@ -56,12 +56,13 @@ struct waiter {
   std::atomic<std::uint64_t> completed_at_return{0};
   std::thread t;
   template <class F>
-  waiter(F f, const completion_tracker& tr) : t([this, f, &tr] {
-      tid = this_tid();
-      const errc r = f();
-      completed_at_return = tr.completed();
-      rc = static_cast<int>(r);
-    }) {}
+  waiter(F f, const completion_tracker& tr)
+      : t([this, f, &tr] {
+          tid = this_tid();
+          const errc r = f();
+          completed_at_return = tr.completed();
+          rc = static_cast<int>(r);
+        }) {}
   bool blocked() { return eventually_blocked(tid); }
   int join() {
     t.join();
@@ -291,11 +292,12 @@ TEST_CASE("tracker: timeouts are never early; timeout 0 checks once") {
     compcntr::counter* c = nullptr;
     bool complete = false;
   } hs{0, &f.c, false};
-  compcntr::wait_options o{.hook = [](void* p) {
-                             auto* s = static_cast<hook_state*>(p);
-                             ++s->calls;
-                             if (s->complete) s->c->add(1);
-                           },
+  compcntr::wait_options o{.hook =
+                               [](void* p) {
+                                 auto* s = static_cast<hook_state*>(p);
+                                 ++s->calls;
+                                 if (s->complete) s->c->add(1);
+                               },
                            .hook_ctx = &hs};
   CHECK(tr.quiet(0ms, o) == errc::timed_out);
   CHECK(hs.calls == 1);
@@ -324,10 +326,11 @@ TEST_CASE("tracker: a wait hook alone drives completions (forever)") {
     int calls;
   } s{&f.c, 0};
   compcntr::wait_options o{.spin = 0ns,
-                           .hook = [](void* p) {
-                             auto* x = static_cast<st*>(p);
-                             if (++x->calls % 3 == 0) x->c->add(7);
-                           },
+                           .hook =
+                               [](void* p) {
+                                 auto* x = static_cast<st*>(p);
+                                 if (++x->calls % 3 == 0) x->c->add(7);
+                               },
                            .hook_ctx = &s,
                            .hook_interval = 100us};
   CHECK(tr.quiet(compcntr::wait_forever, o) == errc{});
@@ -430,8 +433,10 @@ TEST_CASE("tracker: concurrent quiets report each error growth exactly once") {
       for (int r = 0; r < rounds; ++r) {
         sync.arrive_and_wait();   // the error of round r is counted
         const errc q = tr.quiet(compcntr::wait_forever);
-        if (q == errc::io_error) ++eio[r];
-        else if (q != errc{}) ++bad;
+        if (q == errc::io_error)
+          ++eio[r];
+        else if (q != errc{})
+          ++bad;
         sync.arrive_and_wait();   // round r is over
       }
     });
@@ -510,8 +515,10 @@ TEST_CASE("tracker: stress: issuers racing with quiet; quiet never returns early
       const std::uint64_t lower = posted.load(std::memory_order_acquire);
       const errc q = tr.quiet(compcntr::wait_forever, o);
       ++quiets;
-      if (q == errc::io_error) ++eio;
-      else if (q != errc{}) ++bad;
+      if (q == errc::io_error)
+        ++eio;
+      else if (q != errc{})
+        ++bad;
       if (c.value() + c.errors() < lower) ++early;
     }
   };

@@ -82,12 +82,15 @@ static void local_part(struct app *a)
 	/* fi_cntr_readerr is not called here: on sockets it clears the error flag */
 	{
 		int r = fi_cntr_wait(c, 3, 0);
-		out(a, "fi_cntr_wait(c, 3, 0) = %s (threshold reached, an error since the last readerr)",
+		out(a,
+		    "fi_cntr_wait(c, 3, 0) = %s (threshold reached, an error since the last "
+		    "readerr)",
 		    errname(r));
 		if (!shm) {
 			r = fi_cntr_wait(c, 4, 0);
-			out(a, "fi_cntr_wait(c, 4, 0) = %s (threshold not reached, an error since the "
-			       "last readerr)",
+			out(a,
+			    "fi_cntr_wait(c, 4, 0) = %s (threshold not reached, an error since the "
+			    "last readerr)",
 			    errname(r));
 		}
 	}
@@ -165,9 +168,10 @@ int main(int argc, char **argv)
 	const int shm = strcmp(a->prov, "shm") == 0;
 	if (shm) {
 		if (a->role == ROLE_SERVER)
-			out(a, "fi_cntr_wait during a truncated receive: not tried on shm (it counts "
-			       "the truncation neither as an error nor as a success, and its wait "
-			       "ignores the timeout)");
+			out(a,
+			    "fi_cntr_wait during a truncated receive: not tried on shm (it counts "
+			    "the truncation neither as an error nor as a success, and its wait "
+			    "ignores the timeout)");
 	} else if (a->role == ROLE_SERVER) {
 		POST(a, "small receive", fi_recv(a->ep, buf.p, SMALL, buf.desc, a->peer, &ctx));
 		oob_send(a, "p", 1); /* posted; no progress from here until the wait */
@@ -178,8 +182,9 @@ int main(int argc, char **argv)
 		while (((r = fi_cntr_wait(rxc, 1, 1000)) == -FI_ETIMEDOUT || r == FI_ETIMEDOUT) &&
 		       now_ms() < deadline)
 			sched_yield();
-		out(a, "fi_cntr_wait(receive counter, 1, 1000 ms) while a 64-byte message meets the "
-		       "16-byte receive = %s",
+		out(a,
+		    "fi_cntr_wait(receive counter, 1, 1000 ms) while a 64-byte message meets the "
+		    "16-byte receive = %s",
 		    errname(r));
 		show(a, rxc, "receive counter");
 		/* drain the completion (entry or error entry) so that nothing is left queued */

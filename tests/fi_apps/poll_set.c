@@ -57,7 +57,8 @@ static void poll_until(struct app *a, struct fid_poll *ps, struct fid_cntr *c, v
 		}
 		if (seen < n && now_ms() > deadline)
 			die(a,
-			    "%s: fi_poll returned %d event(s) for it in %d ms, and the counter read "
+			    "%s: fi_poll returned %d event(s) for it in %d ms, and the counter "
+			    "read "
 			    "after the last showed %llu of %llu (fi_cntr_read now %llu)",
 			    what, events, APP_WAIT_MS, (unsigned long long)seen,
 			    (unsigned long long)n, (unsigned long long)fi_cntr_read(c));
@@ -139,8 +140,8 @@ int main(int argc, char **argv)
 			/* -FI_EAGAIN: progress through fi_poll only, as the rest of the program */
 			const int64_t deadline = now_ms() + APP_WAIT_MS;
 			ssize_t r;
-			while ((r = fi_send(a->ep, buf.p + i * MSG, MSG, buf.desc, a->peer, &ctx[i])) ==
-			               -FI_EAGAIN &&
+			while ((r = fi_send(a->ep, buf.p + i * MSG, MSG, buf.desc, a->peer,
+			                    &ctx[i])) == -FI_EAGAIN &&
 			       now_ms() < deadline) {
 				void *c[4];
 				(void)fi_poll(ps, c, 4);

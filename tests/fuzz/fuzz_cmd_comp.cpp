@@ -94,10 +94,12 @@ void check_response(state& s, model_cmd_comp& m, const std::uint8_t* buf, std::s
   std::memcpy(&v, buf + sizeof h, sizeof v);
   const auto& hist = s.c[static_cast<std::size_t>(qu.counter)].hist;
   bool found = false;
-  for (std::size_t j = qu.from; j < hist.size() && !found; ++j) found = hist[j] == values{v.comp, v.err};
+  for (std::size_t j = qu.from; j < hist.size() && !found; ++j)
+    found = hist[j] == values{v.comp, v.err};
   if (!found)
     fuzz::mismatch(__FILE__, __LINE__, "query answer",
-                   "answer {%" PRIu64 ", %" PRIu64 "} is not a value counter c%d held after the issue "
+                   "answer {%" PRIu64 ", %" PRIu64
+                   "} is not a value counter c%d held after the issue "
                    "(then {%" PRIu64 ", %" PRIu64 "}, now {%" PRIu64 ", %" PRIu64 "})",
                    v.comp, v.err, qu.counter, hist[qu.from].comp, hist[qu.from].err,
                    hist.back().comp, hist.back().err);
@@ -171,9 +173,21 @@ void op_counter(FuzzedDataProvider& in, state& s) {
   const std::uint64_t x = edgy_u64(in);
   int r;
   switch (kind) {
-    case 2: FUZZ_TRACE("inc_comp_cntr(c%d, %" PRIu64 ")", i, x); r = compcntr_inc_comp_cntr(c.cc, x); v.comp += x; break;
-    case 3: FUZZ_TRACE("inc_err_comp_cntr(c%d, %" PRIu64 ")", i, x); r = compcntr_inc_err_comp_cntr(c.cc, x); v.err += x; break;
-    default: FUZZ_TRACE("set_comp_cntr(c%d, %" PRIu64 ")", i, x); r = compcntr_set_comp_cntr(c.cc, x); v.comp = x; break;
+    case 2:
+      FUZZ_TRACE("inc_comp_cntr(c%d, %" PRIu64 ")", i, x);
+      r = compcntr_inc_comp_cntr(c.cc, x);
+      v.comp += x;
+      break;
+    case 3:
+      FUZZ_TRACE("inc_err_comp_cntr(c%d, %" PRIu64 ")", i, x);
+      r = compcntr_inc_err_comp_cntr(c.cc, x);
+      v.err += x;
+      break;
+    default:
+      FUZZ_TRACE("set_comp_cntr(c%d, %" PRIu64 ")", i, x);
+      r = compcntr_set_comp_cntr(c.cc, x);
+      v.comp = x;
+      break;
   }
   FUZZ_RC("update", r, 0);
   c.hist.push_back(v);
@@ -194,8 +208,9 @@ void op_query(FuzzedDataProvider& in, state& s) {
     else if (s.q[static_cast<std::size_t>(qi)].outstanding.size() >= max_outstanding)
       want = EAGAIN;
     FUZZ_RC("query_comp_cntr_async",
-            compcntr_query_comp_cntr_async(ci >= 0 ? s.c[static_cast<std::size_t>(ci)].cc : nullptr, wr_id,
-                                           qi >= 0 ? s.q[static_cast<std::size_t>(qi)].cmd : nullptr),
+            compcntr_query_comp_cntr_async(
+                ci >= 0 ? s.c[static_cast<std::size_t>(ci)].cc : nullptr, wr_id,
+                qi >= 0 ? s.q[static_cast<std::size_t>(qi)].cmd : nullptr),
             want);
     if (want != 0) return;
     s.q[static_cast<std::size_t>(qi)].outstanding.push_back(
@@ -214,21 +229,28 @@ void op_fill(FuzzedDataProvider& in, state& s) {
   model_counter& c = s.c[static_cast<std::size_t>(ci)];
   if (c.dev != m.dev) return;
   s.filled = true;
-  FUZZ_TRACE("fill q%d to the limit with queries of c%d (%zu outstanding)", qi, ci, m.outstanding.size());
+  FUZZ_TRACE("fill q%d to the limit with queries of c%d (%zu outstanding)", qi, ci,
+             m.outstanding.size());
   std::uint64_t wr_id = 1u << 20;
   while (m.outstanding.size() < max_outstanding) {
     FUZZ_RC("query_comp_cntr_async", compcntr_query_comp_cntr_async(c.cc, wr_id, m.cmd), 0);
     m.outstanding.push_back(query{wr_id++, ci, c.hist.size() - 1});
   }
-  FUZZ_RC("query_comp_cntr_async at the limit", compcntr_query_comp_cntr_async(c.cc, wr_id, m.cmd), EAGAIN);
+  FUZZ_RC("query_comp_cntr_async at the limit", compcntr_query_comp_cntr_async(c.cc, wr_id, m.cmd),
+          EAGAIN);
   // Collect one (waiting for it), then exactly one more is accepted.
   FUZZ_TRUE(readable(m.cmd->fd, 10000), "a query is answered within 10 s");
   std::uint8_t buf[COMPCNTR_COMP_CNTR_ASYNC_RESP_LEN];
-  FUZZ_RC("get_async_cmd_comp", compcntr_devx_get_async_cmd_comp(m.cmd, reinterpret_cast<compcntr_devx_async_cmd_hdr*>(buf), sizeof buf), 0);
+  FUZZ_RC("get_async_cmd_comp",
+          compcntr_devx_get_async_cmd_comp(
+              m.cmd, reinterpret_cast<compcntr_devx_async_cmd_hdr*>(buf), sizeof buf),
+          0);
   check_response(s, m, buf, sizeof buf, 0);
-  FUZZ_RC("query_comp_cntr_async after one collected", compcntr_query_comp_cntr_async(c.cc, wr_id, m.cmd), 0);
+  FUZZ_RC("query_comp_cntr_async after one collected",
+          compcntr_query_comp_cntr_async(c.cc, wr_id, m.cmd), 0);
   m.outstanding.push_back(query{wr_id++, ci, c.hist.size() - 1});
-  FUZZ_RC("query_comp_cntr_async at the limit again", compcntr_query_comp_cntr_async(c.cc, wr_id, m.cmd), EAGAIN);
+  FUZZ_RC("query_comp_cntr_async at the limit again",
+          compcntr_query_comp_cntr_async(c.cc, wr_id, m.cmd), EAGAIN);
 }
 
 void op_get(FuzzedDataProvider& in, state& s) {
@@ -275,13 +297,16 @@ void op_drain(FuzzedDataProvider& in, state& s) {
   if (qi < 0) return;
   model_cmd_comp& m = s.q[static_cast<std::size_t>(qi)];
   const bool blocking = in.ConsumeBool();
-  FUZZ_TRACE("drain q%d (%zu outstanding, %s gets)", qi, m.outstanding.size(), blocking ? "blocking" : "non-blocking");
+  FUZZ_TRACE("drain q%d (%zu outstanding, %s gets)", qi, m.outstanding.size(),
+             blocking ? "blocking" : "non-blocking");
   while (!m.outstanding.empty()) {
     FUZZ_TRUE(readable(m.cmd->fd, 10000), "every outstanding query is answered within 10 s");
     if (blocking) set_nonblock(m.cmd->fd, false);
     std::uint8_t buf[COMPCNTR_COMP_CNTR_ASYNC_RESP_LEN];
     FUZZ_RC("get_async_cmd_comp after the fd polled readable",
-            compcntr_devx_get_async_cmd_comp(m.cmd, reinterpret_cast<compcntr_devx_async_cmd_hdr*>(buf), sizeof buf), 0);
+            compcntr_devx_get_async_cmd_comp(
+                m.cmd, reinterpret_cast<compcntr_devx_async_cmd_hdr*>(buf), sizeof buf),
+            0);
     if (blocking) set_nonblock(m.cmd->fd, true);
     check_response(s, m, buf, sizeof buf, 0);
   }
@@ -289,7 +314,9 @@ void op_drain(FuzzedDataProvider& in, state& s) {
   FUZZ_TRUE(!readable(m.cmd->fd, 0), "the fd is not readable with every response collected");
   std::uint8_t buf[COMPCNTR_COMP_CNTR_ASYNC_RESP_LEN];
   FUZZ_RC("get_async_cmd_comp on an empty cmd_comp",
-          compcntr_devx_get_async_cmd_comp(m.cmd, reinterpret_cast<compcntr_devx_async_cmd_hdr*>(buf), sizeof buf), EAGAIN);
+          compcntr_devx_get_async_cmd_comp(
+              m.cmd, reinterpret_cast<compcntr_devx_async_cmd_hdr*>(buf), sizeof buf),
+          EAGAIN);
 }
 
 void op_close(FuzzedDataProvider& in, state& s) {
@@ -313,14 +340,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   state s;
   for (int steps = 0; steps < 300 && in.remaining_bytes() > 0; ++steps) {
     switch (in.ConsumeIntegralInRange<int>(0, 15)) {
-      case 0: case 1: op_create(in, s); break;
+      case 0:
+      case 1: op_create(in, s); break;
       case 2: op_destroy(in, s); break;
-      case 3: case 4: case 5: op_counter(in, s); break;
-      case 6: case 7: case 8: op_query(in, s); break;
-      case 9: case 10: case 11: op_get(in, s); break;
+      case 3:
+      case 4:
+      case 5: op_counter(in, s); break;
+      case 6:
+      case 7:
+      case 8: op_query(in, s); break;
+      case 9:
+      case 10:
+      case 11: op_get(in, s); break;
       case 12: op_drain(in, s); break;
       case 13: op_close(in, s); break;
-      case 14: if (in.ConsumeIntegralInRange<int>(0, 15) == 0) op_fill(in, s); break;
+      case 14:
+        if (in.ConsumeIntegralInRange<int>(0, 15) == 0) op_fill(in, s);
+        break;
       default: op_get(in, s); break;
     }
   }

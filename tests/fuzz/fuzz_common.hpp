@@ -37,7 +37,10 @@ class trace {
     static trace t;
     return t;
   }
-  void clear() { lines_.clear(); dropped_ = 0; }
+  void clear() {
+    lines_.clear();
+    dropped_ = 0;
+  }
   void add(const char* fmt, ...) __attribute__((format(printf, 2, 3))) {
     char buf[256];
     va_list ap;
@@ -77,18 +80,18 @@ inline void mismatch(const char* file, int line, const char* what, const char* f
 }
 
 /// The library's value `got` must equal the model's `want`.
-#define FUZZ_EQ(got, want, what)                                                               \
-  do {                                                                                         \
-    const auto g_ = (got);                                                                     \
-    const auto w_ = (want);                                                                    \
-    if (!(g_ == w_))                                                                           \
-      ::fuzz::mismatch(__FILE__, __LINE__, what, "library %" PRIu64 ", model %" PRIu64,       \
-                       static_cast<std::uint64_t>(g_), static_cast<std::uint64_t>(w_));        \
+#define FUZZ_EQ(got, want, what)                                                        \
+  do {                                                                                  \
+    const auto g_ = (got);                                                              \
+    const auto w_ = (want);                                                             \
+    if (!(g_ == w_))                                                                    \
+      ::fuzz::mismatch(__FILE__, __LINE__, what, "library %" PRIu64 ", model %" PRIu64, \
+                       static_cast<std::uint64_t>(g_), static_cast<std::uint64_t>(w_)); \
   } while (0)
 
-#define FUZZ_TRUE(cond, what)                                                                  \
-  do {                                                                                         \
-    if (!(cond)) ::fuzz::mismatch(__FILE__, __LINE__, what, "expected: %s", #cond);            \
+#define FUZZ_TRUE(cond, what)                                                       \
+  do {                                                                              \
+    if (!(cond)) ::fuzz::mismatch(__FILE__, __LINE__, what, "expected: %s", #cond); \
   } while (0)
 
 /// An int-returning call: its return value must be the model's; a failure must leave a message.
@@ -148,7 +151,8 @@ inline int poll_in(int fd, int ms, short* revents = nullptr) {
     const int r = ::poll(&p, 1, ms);
     if (revents) *revents = p.revents;
     if (r >= 0 || errno != EINTR) return r;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        end - std::chrono::steady_clock::now());
     ms = left.count() > 0 ? static_cast<int>(left.count()) : 0;
   }
 }

@@ -74,7 +74,8 @@ void check_fd(const model_counter& m) {
   short revents = 0;
   const int r = fuzz::poll_in(m.fd, 0, &revents);
   FUZZ_TRUE(r >= 0, "poll on a counter fd");
-  if (m.armed && m.touched) FUZZ_TRUE(r == 1 && (revents & POLLIN), "armed fd readable after an update");
+  if (m.armed && m.touched)
+    FUZZ_TRUE(r == 1 && (revents & POLLIN), "armed fd readable after an update");
 }
 
 compcntr_comp_cntr* pick(FuzzedDataProvider& in, state& s, int* index) {
@@ -99,13 +100,15 @@ void op_create(FuzzedDataProvider& in, state& s) {
   a.flags = in.ConsumeIntegralInRange<int>(0, 15) == 0 ? in.ConsumeIntegral<std::uint32_t>() : 0;
   a.numa_node = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? in.ConsumeIntegral<std::int32_t>()
                                                           : in.ConsumeIntegralInRange<int>(-1, 1);
-  static const std::uint32_t stripe_choice[] = {0, 1, 2, 3, 4, 8, 255, 256, 257, COMPCNTR_COMP_CNTR_STRIPES_PER_CPU};
-  a.stripes = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<std::uint32_t>()
-                                                        : stripe_choice[in.ConsumeIntegralInRange<int>(0, 9)];
+  static const std::uint32_t stripe_choice[] = {
+      0, 1, 2, 3, 4, 8, 255, 256, 257, COMPCNTR_COMP_CNTR_STRIPES_PER_CPU};
+  a.stripes = in.ConsumeIntegralInRange<int>(0, 7) == 0
+                  ? in.ConsumeIntegral<std::uint32_t>()
+                  : stripe_choice[in.ConsumeIntegralInRange<int>(0, 9)];
   const bool striped_bit = (a.comp_mask & COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES) != 0;
   FUZZ_TRACE("create_comp_cntr(dev%d%s, %s{mask 0x%x type %u flags 0x%x node %d stripes %u})", d,
-             dev ? "" : "=NULL", null_attr ? "NULL " : "", a.comp_mask, type, a.flags,
-             a.numa_node, a.stripes);
+             dev ? "" : "=NULL", null_attr ? "NULL " : "", a.comp_mask, type, a.flags, a.numa_node,
+             a.stripes);
   int want = 0;
   if (!dev || null_attr || (a.comp_mask & ~3u) || a.flags != 0 || type > 1)
     want = EINVAL;
@@ -149,7 +152,8 @@ void op_destroy(FuzzedDataProvider& in, state& s) {
   const int fd = s.c[static_cast<std::size_t>(i)].fd;
   s.c.erase(s.c.begin() + i);
   // The counter owned its fd: it is closed (nothing else in this thread made an fd since).
-  if (fd >= 0) FUZZ_TRUE(fcntl(fd, F_GETFD) == -1 && errno == EBADF, "destroy closes the counter's fd");
+  if (fd >= 0)
+    FUZZ_TRUE(fcntl(fd, F_GETFD) == -1 && errno == EBADF, "destroy closes the counter's fd");
 }
 
 void op_update(FuzzedDataProvider& in, state& s, int kind) {
@@ -200,8 +204,10 @@ void op_read_nulls(FuzzedDataProvider& in, state& s) {
 bool random_wait_attr(FuzzedDataProvider& in, compcntr_wait_attr& a) {
   a = {};
   const int shape = in.ConsumeIntegralInRange<int>(0, 7);
-  a.comp_mask = shape == 0 ? in.ConsumeIntegral<std::uint32_t>() : in.ConsumeIntegralInRange<std::uint32_t>(0, 3);
-  a.spin_ns = in.ConsumeBool() ? in.ConsumeIntegral<std::int64_t>() : in.ConsumeIntegralInRange<std::int64_t>(-1, 1000);
+  a.comp_mask = shape == 0 ? in.ConsumeIntegral<std::uint32_t>()
+                           : in.ConsumeIntegralInRange<std::uint32_t>(0, 3);
+  a.spin_ns = in.ConsumeBool() ? in.ConsumeIntegral<std::int64_t>()
+                               : in.ConsumeIntegralInRange<std::int64_t>(-1, 1000);
   a.progress_interval_us = in.ConsumeIntegralInRange<std::uint32_t>(0, 2);
   bool bad = (a.comp_mask & ~3u) != 0;
   if (a.comp_mask & COMPCNTR_WAIT_ATTR_SPIN) bad |= a.spin_ns < 0;
@@ -223,7 +229,9 @@ void op_wait(FuzzedDataProvider& in, state& s) {
     std::uint64_t seen = 0;
     if (cc) {
       const std::uint64_t e = s.c[static_cast<std::size_t>(i)].err;
-      seen = in.ConsumeBool() ? e : (in.ConsumeBool() ? e + in.ConsumeIntegralInRange<int>(-1, 1) : edgy_u64(in));
+      seen = in.ConsumeBool()
+                 ? e
+                 : (in.ConsumeBool() ? e + in.ConsumeIntegralInRange<int>(-1, 1) : edgy_u64(in));
     }
     const bool with_attr = form == 4;
     if (with_attr) attr_ok = random_wait_attr(in, a);
@@ -284,10 +292,10 @@ void op_poll(FuzzedDataProvider& in, state& s) {
              null_which ? " which=NULL" : "", poll_cursor);
   const std::size_t sentinel = 0xabcdef;
   std::size_t which = sentinel;
-  const int r = ex ? compcntr_poll_comp_cntrs_ex(null_ccs ? nullptr : ccs.data(),
-                                                 null_thr ? nullptr : thr.data(), n, 0,
-                                                 null_which ? nullptr : &which,
-                                                 attr_ok && a.comp_mask == 0 && !in.ConsumeBool() ? nullptr : &a)
+  const int r = ex ? compcntr_poll_comp_cntrs_ex(
+                         null_ccs ? nullptr : ccs.data(), null_thr ? nullptr : thr.data(), n, 0,
+                         null_which ? nullptr : &which,
+                         attr_ok && a.comp_mask == 0 && !in.ConsumeBool() ? nullptr : &a)
                    : compcntr_poll_comp_cntrs(null_ccs ? nullptr : ccs.data(),
                                               null_thr ? nullptr : thr.data(), n, 0,
                                               null_which ? nullptr : &which);
@@ -389,7 +397,8 @@ void op_device(FuzzedDataProvider& in, state& s) {
       FUZZ_EQ(caps.max_value, UINT64_MAX, "software max_value");
       FUZZ_EQ(caps.max_counters, devices[d].max_counters, "max_counters does not change");
       FUZZ_EQ(caps.supported_qp_attach_ops, 0x3fu, "software supported_qp_attach_ops");
-      FUZZ_RC("query_comp_cntr_caps", compcntr_query_comp_cntr_caps(devices[d].dev, nullptr), EINVAL);
+      FUZZ_RC("query_comp_cntr_caps", compcntr_query_comp_cntr_caps(devices[d].dev, nullptr),
+              EINVAL);
       FUZZ_RC("query_comp_cntr_caps", compcntr_query_comp_cntr_caps(nullptr, &caps), EINVAL);
       break;
     }
@@ -431,7 +440,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   state s;
   for (int steps = 0; steps < 400 && in.remaining_bytes() > 0; ++steps) {
     switch (in.ConsumeIntegralInRange<int>(0, 17)) {
-      case 0: case 1: op_create(in, s); break;
+      case 0:
+      case 1: op_create(in, s); break;
       case 16: op_arm_fd_threshold(in, s); break;
       case 17: op_read_fd(in, s); break;
       case 2: op_destroy(in, s); break;
@@ -440,7 +450,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 5: op_update(in, s, 2); break;
       case 6: op_update(in, s, 3); break;
       case 7: op_read_nulls(in, s); break;
-      case 8: case 9: op_wait(in, s); break;
+      case 8:
+      case 9: op_wait(in, s); break;
       case 10: op_poll(in, s); break;
       case 11: op_get_fd(in, s); break;
       case 12: op_arm_fd(in, s); break;

@@ -85,7 +85,8 @@ int pick_tracker(FuzzedDataProvider& in, const state& s) {
 
 std::uint32_t pick_peer(FuzzedDataProvider& in, const tracker* x) {
   if (!x || in.ConsumeIntegralInRange<int>(0, 15) == 0) return in.ConsumeIntegral<std::uint32_t>();
-  return in.ConsumeIntegralInRange<std::uint32_t>(0, static_cast<std::uint32_t>(x->p.size()));  // == size: out of range
+  return in.ConsumeIntegralInRange<std::uint32_t>(
+      0, static_cast<std::uint32_t>(x->p.size()));  // == size: out of range
 }
 
 // n: usually small or near the credits, sometimes an edge value.
@@ -100,8 +101,9 @@ std::uint64_t pick_n(FuzzedDataProvider& in, const tracker* x) {
 
 bool random_wait_attr(FuzzedDataProvider& in, compcntr_wait_attr& a) {
   a = {};
-  a.comp_mask = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<std::uint32_t>()
-                                                          : in.ConsumeIntegralInRange<std::uint32_t>(0, 3);
+  a.comp_mask = in.ConsumeIntegralInRange<int>(0, 7) == 0
+                    ? in.ConsumeIntegral<std::uint32_t>()
+                    : in.ConsumeIntegralInRange<std::uint32_t>(0, 3);
   a.spin_ns = in.ConsumeIntegralInRange<std::int64_t>(-2, 2000);
   a.progress_interval_us = in.ConsumeIntegralInRange<std::uint32_t>(0, 2);
   bool bad = (a.comp_mask & ~3u) != 0;
@@ -114,9 +116,10 @@ void op_create(FuzzedDataProvider& in, state& s) {
   if (s.t.size() >= 8) return;
   const int d = in.ConsumeIntegralInRange<int>(0, ndev - 1);
   const bool null_dev = in.ConsumeIntegralInRange<int>(0, 31) == 0;
-  std::uint32_t npeers = in.ConsumeIntegralInRange<int>(0, 7) == 0
-                             ? (in.ConsumeBool() ? 0u : (1u << 21) + in.ConsumeIntegral<std::uint16_t>())
-                             : in.ConsumeIntegralInRange<std::uint32_t>(1, 6);
+  std::uint32_t npeers =
+      in.ConsumeIntegralInRange<int>(0, 7) == 0
+          ? (in.ConsumeBool() ? 0u : (1u << 21) + in.ConsumeIntegral<std::uint16_t>())
+          : in.ConsumeIntegralInRange<std::uint32_t>(1, 6);
   std::uint64_t credits;
   switch (in.ConsumeIntegralInRange<int>(0, 5)) {
     case 0: credits = max_credits + in.ConsumeIntegralInRange<int>(-1, 1); break;
@@ -124,15 +127,16 @@ void op_create(FuzzedDataProvider& in, state& s) {
     default: credits = in.ConsumeIntegralInRange<std::uint64_t>(0, 6); break;
   }
   if (!credits_2_62_fixed && credits == max_credits) credits = max_credits - 1;
-  FUZZ_TRACE("t%zu = credits_create(dev%d%s, %u, %" PRIu64 ")", s.t.size(), d, null_dev ? "=NULL" : "",
-             npeers, credits);
+  FUZZ_TRACE("t%zu = credits_create(dev%d%s, %u, %" PRIu64 ")", s.t.size(), d,
+             null_dev ? "=NULL" : "", npeers, credits);
   int want = 0;
   if (null_dev || npeers == 0 || credits == 0 || credits > max_credits)
     want = EINVAL;
   else if (npeers > devices[d].max_counters - std::min(devices[d].max_counters, s.live_counters(d)))
     want = ENOMEM;
   errno = 0;
-  compcntr_credits* cr = compcntr_credits_create(null_dev ? nullptr : devices[d].dev, npeers, credits);
+  compcntr_credits* cr =
+      compcntr_credits_create(null_dev ? nullptr : devices[d].dev, npeers, credits);
   FUZZ_PTR("credits_create", cr, errno, want);
   if (!cr) return;
   tracker x{cr, d, credits, std::vector<peer>(npeers)};
@@ -167,21 +171,22 @@ void op_create_per_peer(FuzzedDataProvider& in, state& s) {
   bool bad_window = false;
   std::uint64_t maxw = 0;
   for (auto& x : w) {
-    x = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? pick_window(in) : in.ConsumeIntegralInRange<std::uint64_t>(1, 6);
+    x = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? pick_window(in)
+                                                  : in.ConsumeIntegralInRange<std::uint64_t>(1, 6);
     bad_window |= x == 0 || x > max_credits;
     maxw = std::max(maxw, x);
   }
-  FUZZ_TRACE("t%zu = credits_create_per_peer(dev%d%s, %u, %s, max window %" PRIu64 "%s)", s.t.size(), d,
-             null_dev ? "=NULL" : "", npeers, null_windows ? "NULL" : "windows", maxw,
-             bad_window ? ", a bad window" : "");
+  FUZZ_TRACE("t%zu = credits_create_per_peer(dev%d%s, %u, %s, max window %" PRIu64 "%s)",
+             s.t.size(), d, null_dev ? "=NULL" : "", npeers, null_windows ? "NULL" : "windows",
+             maxw, bad_window ? ", a bad window" : "");
   int want = 0;
   if (null_dev || null_windows || npeers == 0 || bad_window)
     want = EINVAL;
   else if (npeers > devices[d].max_counters - std::min(devices[d].max_counters, s.live_counters(d)))
     want = ENOMEM;
   errno = 0;
-  compcntr_credits* cr = compcntr_credits_create_per_peer(null_dev ? nullptr : devices[d].dev, npeers,
-                                                          null_windows ? nullptr : w.data());
+  compcntr_credits* cr = compcntr_credits_create_per_peer(
+      null_dev ? nullptr : devices[d].dev, npeers, null_windows ? nullptr : w.data());
   FUZZ_PTR("credits_create_per_peer", cr, errno, want);
   if (!cr) return;
   tracker x{cr, d, maxw, std::vector<peer>(npeers)};
@@ -219,20 +224,22 @@ void op_adopt(FuzzedDataProvider& in, state& s) {
     } else {
       bad = true;  // a NULL element
     }
-    w[i] = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? pick_window(in) : in.ConsumeIntegralInRange<std::uint64_t>(1, 6);
+    w[i] = in.ConsumeIntegralInRange<int>(0, 3) == 0
+               ? pick_window(in)
+               : in.ConsumeIntegralInRange<std::uint64_t>(1, 6);
     bad |= w[i] == 0 || w[i] > max_credits;
     maxw = std::max(maxw, w[i]);
   }
   // A counter another live tracker holds: not named by credits.h; not asked.
   if (busy) return;
   FUZZ_TRACE("t%zu = credits_adopt(dev%d%s, %s, %u, %s, max window %" PRIu64 "%s)", s.t.size(), d,
-             null_dev ? "=NULL" : "", null_ccs ? "NULL" : "ccs", npeers, null_windows ? "NULL" : "windows",
-             maxw, bad ? ", a bad element" : "");
+             null_dev ? "=NULL" : "", null_ccs ? "NULL" : "ccs", npeers,
+             null_windows ? "NULL" : "windows", maxw, bad ? ", a bad element" : "");
   const int want = null_dev || null_ccs || null_windows || npeers == 0 || bad ? EINVAL : 0;
   errno = 0;
-  compcntr_credits* cr = compcntr_credits_adopt(null_dev ? nullptr : devices[d].dev,
-                                                null_ccs ? nullptr : ccs.data(), npeers,
-                                                null_windows ? nullptr : w.data());
+  compcntr_credits* cr =
+      compcntr_credits_adopt(null_dev ? nullptr : devices[d].dev, null_ccs ? nullptr : ccs.data(),
+                             npeers, null_windows ? nullptr : w.data());
   FUZZ_PTR("credits_adopt", cr, errno, want);
   if (!cr) return;
   tracker x{cr, d, maxw, std::vector<peer>(npeers)};
@@ -248,7 +255,8 @@ void op_adopt(FuzzedDataProvider& in, state& s) {
     p.issued = c.comp + c.err;  // what it counted before is not outstanding
     c.adopted_by = static_cast<int>(s.t.size());
     errno = 0;
-    FUZZ_TRUE(compcntr_credits_counter(cr, i) == c.cc, "credits_counter of an adopted peer is the caller's counter");
+    FUZZ_TRUE(compcntr_credits_counter(cr, i) == c.cc,
+              "credits_counter of an adopted peer is the caller's counter");
   }
   s.t.push_back(std::move(x));
 }
@@ -351,7 +359,8 @@ void op_query(FuzzedDataProvider& in, state& s) {
   tracker* x = ti >= 0 ? &s.t[static_cast<std::size_t>(ti)] : nullptr;
   const std::uint32_t pi = pick_peer(in, x);
   const bool null_out = in.ConsumeIntegralInRange<int>(0, 15) == 0;
-  FUZZ_TRACE("credits_outstanding(t%d, peer %u%s) / credits_counter", ti, pi, null_out ? ", NULL" : "");
+  FUZZ_TRACE("credits_outstanding(t%d, peer %u%s) / credits_counter", ti, pi,
+             null_out ? ", NULL" : "");
   std::uint64_t o = 0x5eed;
   const int r = compcntr_credits_outstanding(x ? x->cr : nullptr, pi, null_out ? nullptr : &o);
   errno = 0;
@@ -382,11 +391,14 @@ void op_peer_counter(FuzzedDataProvider& in, state& s) {
   if (ti < 0) return;
   tracker& x = s.t[static_cast<std::size_t>(ti)];
   if (x.p.empty()) return;
-  const std::uint32_t pi = in.ConsumeIntegralInRange<std::uint32_t>(0, static_cast<std::uint32_t>(x.p.size()) - 1);
+  const std::uint32_t pi =
+      in.ConsumeIntegralInRange<std::uint32_t>(0, static_cast<std::uint32_t>(x.p.size()) - 1);
   peer& p = x.p[pi];
-  const std::uint64_t v = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::uint64_t>(0, 3) : edgy_u64(in);
+  const std::uint64_t v =
+      in.ConsumeBool() ? in.ConsumeIntegralInRange<std::uint64_t>(0, 3) : edgy_u64(in);
   switch (in.ConsumeIntegralInRange<int>(0, 5)) {
-    case 0: case 1:
+    case 0:
+    case 1:
       FUZZ_TRACE("inc_comp_cntr(t%d.peer%u, %" PRIu64 ")", ti, pi, v);
       FUZZ_RC("inc_comp_cntr", compcntr_inc_comp_cntr(p.cc, v), 0);
       p.comp += v;
@@ -415,7 +427,8 @@ void op_peer_counter(FuzzedDataProvider& in, state& s) {
 void op_destroy(FuzzedDataProvider& in, state& s) {
   const int ti = pick_tracker(in, s);
   FUZZ_TRACE("credits_destroy(t%d)", ti);
-  FUZZ_RC("credits_destroy", compcntr_credits_destroy(ti >= 0 ? s.t[static_cast<std::size_t>(ti)].cr : nullptr),
+  FUZZ_RC("credits_destroy",
+          compcntr_credits_destroy(ti >= 0 ? s.t[static_cast<std::size_t>(ti)].cr : nullptr),
           ti >= 0 ? 0 : EINVAL);
   if (ti < 0) return;
   tracker& x = s.t[static_cast<std::size_t>(ti)];
@@ -457,7 +470,8 @@ void op_misc(FuzzedDataProvider& in, state& s) {
       const std::uint64_t v = in.ConsumeIntegralInRange<std::uint64_t>(0, 5);
       const bool err = in.ConsumeBool();
       FUZZ_TRACE("inc%s_comp_cntr(plain, %" PRIu64 ")", err ? "_err" : "", v);
-      FUZZ_RC("inc_comp_cntr", err ? compcntr_inc_err_comp_cntr(c.cc, v) : compcntr_inc_comp_cntr(c.cc, v), 0);
+      FUZZ_RC("inc_comp_cntr",
+              err ? compcntr_inc_err_comp_cntr(c.cc, v) : compcntr_inc_comp_cntr(c.cc, v), 0);
       (err ? c.err : c.comp) += v;
     } else if (!s.plain.empty()) {
       const bool held = s.plain.back().adopted_by >= 0;
@@ -484,15 +498,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   state s;
   for (int steps = 0; steps < 300 && in.remaining_bytes() > 0; ++steps) {
     switch (in.ConsumeIntegralInRange<int>(0, 18)) {
-      case 0: case 1: op_create(in, s); break;
+      case 0:
+      case 1: op_create(in, s); break;
       case 16: op_create_per_peer(in, s); break;
       case 17: op_adopt(in, s); break;
       case 18: op_raw_counts(in, s); break;
-      case 2: case 3: case 4: op_acquire(in, s); break;
-      case 5: case 6: op_release(in, s); break;
+      case 2:
+      case 3:
+      case 4: op_acquire(in, s); break;
+      case 5:
+      case 6: op_release(in, s); break;
       case 7: op_flush(in, s); break;
       case 8: op_query(in, s); break;
-      case 9: case 10: case 11: op_peer_counter(in, s); break;
+      case 9:
+      case 10:
+      case 11: op_peer_counter(in, s); break;
       case 12: op_destroy(in, s); break;
       default: op_misc(in, s); break;
     }

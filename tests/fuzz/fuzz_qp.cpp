@@ -171,8 +171,8 @@ void check_all(state& s) {
     FUZZ_RC("read_comp_cntr", compcntr_read_comp_cntr(s.c[i].cc, &v), 0);
     FUZZ_RC("read_err_comp_cntr", compcntr_read_err_comp_cntr(s.c[i].cc, &e), 0);
     if (v != s.c[i].comp || e != s.c[i].err) {
-      FUZZ_TRACE("counter c%zu: library %" PRIu64 "/%" PRIu64 ", model %" PRIu64 "/%" PRIu64, i,
-                 v, e, s.c[i].comp, s.c[i].err);
+      FUZZ_TRACE("counter c%zu: library %" PRIu64 "/%" PRIu64 ", model %" PRIu64 "/%" PRIu64, i, v,
+                 e, s.c[i].comp, s.c[i].err);
       FUZZ_EQ(v, s.c[i].comp, "completion value");
       FUZZ_EQ(e, s.c[i].err, "error value");
     }
@@ -199,7 +199,8 @@ int pick_live(FuzzedDataProvider& in, const std::vector<bool>& live) {
 
 std::uintptr_t pick_addr(FuzzedDataProvider& in, state& s) {
   const int b = in.ConsumeIntegralInRange<int>(0, 1);
-  return reinterpret_cast<std::uintptr_t>(s.buf[b]) + in.ConsumeIntegralInRange<std::size_t>(0, buf_size - 1);
+  return reinterpret_cast<std::uintptr_t>(s.buf[b]) +
+         in.ConsumeIntegralInRange<std::size_t>(0, buf_size - 1);
 }
 
 // A key: usually one of a live registration's (either kind), sometimes junk.
@@ -225,7 +226,8 @@ void op_counter(FuzzedDataProvider& in, state& s) {
     compcntr_comp_cntr_init_attr a{};
     a.type = bytes ? COMPCNTR_COMP_CNTR_TYPE_BYTES : COMPCNTR_COMP_CNTR_TYPE_WRS;
     const std::uint32_t stripes = fuzz::maybe_striped(in, a);
-    FUZZ_TRACE("c%zu = create_comp_cntr(dev%d, %s, stripes %u)", s.c.size(), d, bytes ? "BYTES" : "WRS", stripes);
+    FUZZ_TRACE("c%zu = create_comp_cntr(dev%d, %s, stripes %u)", s.c.size(), d,
+               bytes ? "BYTES" : "WRS", stripes);
     errno = 0;
     compcntr_comp_cntr* cc = compcntr_create_comp_cntr(devices[d].dev, &a);
     FUZZ_PTR("create_comp_cntr", cc, errno, 0);
@@ -347,9 +349,11 @@ void op_attach(FuzzedDataProvider& in, state& s) {
   const int qi = pick_live(in, s.q_live);
   const int ci = pick_live(in, s.c_live);
   compcntr_qp_attach_comp_cntr_attr attr{};
-  attr.comp_mask = in.ConsumeIntegralInRange<int>(0, 15) == 0 ? in.ConsumeIntegral<std::uint32_t>() : 0;
-  attr.op_mask = in.ConsumeIntegralInRange<int>(0, 15) == 0 ? in.ConsumeIntegral<std::uint32_t>()
-                                                             : in.ConsumeIntegralInRange<std::uint32_t>(0, 63);
+  attr.comp_mask =
+      in.ConsumeIntegralInRange<int>(0, 15) == 0 ? in.ConsumeIntegral<std::uint32_t>() : 0;
+  attr.op_mask = in.ConsumeIntegralInRange<int>(0, 15) == 0
+                     ? in.ConsumeIntegral<std::uint32_t>()
+                     : in.ConsumeIntegralInRange<std::uint32_t>(0, 63);
   const bool null_attr = in.ConsumeIntegralInRange<int>(0, 31) == 0;
   FUZZ_TRACE("qp_attach_comp_cntr(q%d, c%d, %s{mask 0x%x ops 0x%x})", qi, ci,
              null_attr ? "NULL " : "", attr.comp_mask, attr.op_mask);
@@ -370,7 +374,8 @@ void op_attach(FuzzedDataProvider& in, state& s) {
         if ((attr.op_mask >> op & 1u) && q.served[static_cast<std::size_t>(op)] >= 0) want = EBUSY;
     }
   }
-  FUZZ_RC("qp_attach_comp_cntr", compcntr_qp_attach_comp_cntr(qp, cc, null_attr ? nullptr : &attr), want);
+  FUZZ_RC("qp_attach_comp_cntr", compcntr_qp_attach_comp_cntr(qp, cc, null_attr ? nullptr : &attr),
+          want);
   if (want != 0) return;
   model_qp& q = s.q[static_cast<std::size_t>(qi)];
   for (int op = 0; op < nops; ++op)
@@ -404,8 +409,9 @@ void op_reg_mr(FuzzedDataProvider& in, state& s) {
     const std::size_t room = reinterpret_cast<std::uintptr_t>(s.buf[b]) + buf_size - addr;
     len = in.ConsumeIntegralInRange<std::size_t>(0, room);
   }
-  const int access = in.ConsumeIntegralInRange<int>(0, 15) == 0 ? in.ConsumeIntegral<int>()
-                                                                : in.ConsumeIntegralInRange<int>(0, 7);
+  const int access = in.ConsumeIntegralInRange<int>(0, 15) == 0
+                         ? in.ConsumeIntegral<int>()
+                         : in.ConsumeIntegralInRange<int>(0, 7);
   FUZZ_TRACE("m%zu = reg_mr(dev%d%s, %#lx, %zu, 0x%x)", s.m.size(), d, null_dev ? "=NULL" : "",
              static_cast<unsigned long>(addr), len, static_cast<unsigned>(access));
   int want = 0;
@@ -418,7 +424,8 @@ void op_reg_mr(FuzzedDataProvider& in, state& s) {
   FUZZ_PTR("reg_mr", mr, errno, want);
   if (!mr) return;
   FUZZ_TRUE(mr->addr == reinterpret_cast<void*>(addr) && mr->length == len, "reg_mr's range");
-  FUZZ_TRUE(mr->lkey != 0 && mr->rkey != 0 && mr->lkey != mr->rkey, "keys are never 0, lkey != rkey");
+  FUZZ_TRUE(mr->lkey != 0 && mr->rkey != 0 && mr->lkey != mr->rkey,
+            "keys are never 0, lkey != rkey");
   for (std::size_t i = 0; i < s.m.size(); ++i)
     if (s.m[i].dev == d)  // dead ones too: keys are not reused within 2^31 registrations
       FUZZ_TRUE(s.m[i].lkey != mr->lkey && s.m[i].lkey != mr->rkey && s.m[i].rkey != mr->lkey &&
@@ -452,8 +459,9 @@ wr pick_wr(FuzzedDataProvider& in, state& s) {
     const model_mr& r = s.m[static_cast<std::size_t>(mi)];
     const std::size_t off = in.ConsumeIntegralInRange<std::size_t>(0, r.len);
     w.addr = r.addr + off;
-    w.len = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegralInRange<std::size_t>(0, buf_size)
-                                                      : in.ConsumeIntegralInRange<std::size_t>(0, r.len - off);
+    w.len = in.ConsumeIntegralInRange<int>(0, 7) == 0
+                ? in.ConsumeIntegralInRange<std::size_t>(0, buf_size)
+                : in.ConsumeIntegralInRange<std::size_t>(0, r.len - off);
     w.lkey = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? pick_key(in, s) : r.lkey;
   } else if (shape == 15) {
     w.addr = 0;
@@ -479,10 +487,12 @@ void op_post_recv(FuzzedDataProvider& in, state& s) {
   const int qi = pick_live(in, s.q_live);
   const wr r = pick_wr(in, s);
   const std::uint64_t wr_id = in.ConsumeIntegral<std::uint64_t>();
-  FUZZ_TRACE("post_recv(q%d, %#lx, %zu, lkey %u)", qi, static_cast<unsigned long>(r.addr), r.len, r.lkey);
+  FUZZ_TRACE("post_recv(q%d, %#lx, %zu, lkey %u)", qi, static_cast<unsigned long>(r.addr), r.len,
+             r.lkey);
   const int want = post_entry(s, qi, r);
-  FUZZ_RC("post_recv", compcntr_post_recv(qi >= 0 ? s.q[static_cast<std::size_t>(qi)].qp : nullptr,
-                                          wr_id, reinterpret_cast<void*>(r.addr), r.len, r.lkey),
+  FUZZ_RC("post_recv",
+          compcntr_post_recv(qi >= 0 ? s.q[static_cast<std::size_t>(qi)].qp : nullptr, wr_id,
+                             reinterpret_cast<void*>(r.addr), r.len, r.lkey),
           want);
   if (want != 0) return;
   model_qp& q = s.q[static_cast<std::size_t>(qi)];
@@ -507,10 +517,12 @@ void op_post_send(FuzzedDataProvider& in, state& s) {
   const int qi = pick_live(in, s.q_live);
   const wr w = pick_wr(in, s);
   const std::uint64_t wr_id = in.ConsumeIntegral<std::uint64_t>();
-  FUZZ_TRACE("post_send(q%d, %#lx, %zu, lkey %u)", qi, static_cast<unsigned long>(w.addr), w.len, w.lkey);
+  FUZZ_TRACE("post_send(q%d, %#lx, %zu, lkey %u)", qi, static_cast<unsigned long>(w.addr), w.len,
+             w.lkey);
   const int want = post_entry(s, qi, w);
-  FUZZ_RC("post_send", compcntr_post_send(qi >= 0 ? s.q[static_cast<std::size_t>(qi)].qp : nullptr,
-                                          wr_id, reinterpret_cast<const void*>(w.addr), w.len, w.lkey),
+  FUZZ_RC("post_send",
+          compcntr_post_send(qi >= 0 ? s.q[static_cast<std::size_t>(qi)].qp : nullptr, wr_id,
+                             reinterpret_cast<const void*>(w.addr), w.len, w.lkey),
           want);
   if (want != 0) return;
   model_qp& q = s.q[static_cast<std::size_t>(qi)];
@@ -545,11 +557,12 @@ void op_rdma(FuzzedDataProvider& in, state& s, bool write) {
   }
   const char* call = write ? "post_rdma_write" : "post_rdma_read";
   FUZZ_TRACE("%s(q%d, %#lx, %zu, lkey %u, remote %#lx, rkey %u)", call, qi,
-             static_cast<unsigned long>(w.addr), w.len, w.lkey, static_cast<unsigned long>(raddr), rkey);
+             static_cast<unsigned long>(w.addr), w.len, w.lkey, static_cast<unsigned long>(raddr),
+             rkey);
   const int want = post_entry(s, qi, w);
   compcntr_qp* qp = qi >= 0 ? s.q[static_cast<std::size_t>(qi)].qp : nullptr;
-  const int r = write ? compcntr_post_rdma_write(qp, 7, reinterpret_cast<const void*>(w.addr), w.len,
-                                                 w.lkey, raddr, rkey)
+  const int r = write ? compcntr_post_rdma_write(qp, 7, reinterpret_cast<const void*>(w.addr),
+                                                 w.len, w.lkey, raddr, rkey)
                       : compcntr_post_rdma_read(qp, 7, reinterpret_cast<void*>(w.addr), w.len,
                                                 w.lkey, raddr, rkey);
   FUZZ_RC(call, r, want);
@@ -580,7 +593,8 @@ void op_rdma(FuzzedDataProvider& in, state& s, bool write) {
 // device, a counter (WRS or BYTES, chosen by the input) attached to each op of each side,
 // INIT, connect, and one registration per buffer with every access right.
 void op_setup_pair(FuzzedDataProvider& in, state& s) {
-  if (s.q.size() + 2 > max_objects || s.c.size() + 4 > max_objects || s.m.size() + 2 > max_objects) return;
+  if (s.q.size() + 2 > max_objects || s.c.size() + 4 > max_objects || s.m.size() + 2 > max_objects)
+    return;
   const int d = in.ConsumeIntegralInRange<int>(0, ndev - 1);
   const std::uint8_t bytes_mask = in.ConsumeIntegral<std::uint8_t>();
   FUZZ_TRACE("setup pair on dev%d (BYTES mask 0x%x)", d, bytes_mask);
@@ -610,7 +624,8 @@ void op_setup_pair(FuzzedDataProvider& in, state& s) {
       s.c.push_back(model_counter{cc, d, bytes});
       s.c_live.push_back(true);
       compcntr_qp_attach_comp_cntr_attr at{0, masks[j]};
-      FUZZ_RC("qp_attach_comp_cntr", compcntr_qp_attach_comp_cntr(s.q[static_cast<std::size_t>(qs[k])].qp, cc, &at), 0);
+      FUZZ_RC("qp_attach_comp_cntr",
+              compcntr_qp_attach_comp_cntr(s.q[static_cast<std::size_t>(qs[k])].qp, cc, &at), 0);
       model_qp& q = s.q[static_cast<std::size_t>(qs[k])];
       for (int op = 0; op < nops; ++op)
         if (masks[j] >> op & 1u) q.served[static_cast<std::size_t>(op)] = ci;
@@ -618,10 +633,14 @@ void op_setup_pair(FuzzedDataProvider& in, state& s) {
       ++s.c[static_cast<std::size_t>(ci)].attached;
     }
   for (int k = 0; k < 2; ++k) {
-    FUZZ_RC("modify_qp", compcntr_modify_qp(s.q[static_cast<std::size_t>(qs[k])].qp, COMPCNTR_QPS_INIT), 0);
+    FUZZ_RC("modify_qp",
+            compcntr_modify_qp(s.q[static_cast<std::size_t>(qs[k])].qp, COMPCNTR_QPS_INIT), 0);
     s.q[static_cast<std::size_t>(qs[k])].state = COMPCNTR_QPS_INIT;
   }
-  FUZZ_RC("connect_qp", compcntr_connect_qp(s.q[static_cast<std::size_t>(qs[0])].qp, s.q[static_cast<std::size_t>(qs[1])].qp), 0);
+  FUZZ_RC("connect_qp",
+          compcntr_connect_qp(s.q[static_cast<std::size_t>(qs[0])].qp,
+                              s.q[static_cast<std::size_t>(qs[1])].qp),
+          0);
   for (int k = 0; k < 2; ++k) {
     s.q[static_cast<std::size_t>(qs[k])].state = COMPCNTR_QPS_RTS;
     s.q[static_cast<std::size_t>(qs[k])].peer = qs[1 - k];
@@ -630,7 +649,8 @@ void op_setup_pair(FuzzedDataProvider& in, state& s) {
     errno = 0;
     compcntr_mr* mr = compcntr_reg_mr(devices[d].dev, s.buf[b], buf_size, 7);
     FUZZ_PTR("reg_mr", mr, errno, 0);
-    s.m.push_back(model_mr{mr, d, reinterpret_cast<std::uintptr_t>(s.buf[b]), buf_size, 7, mr->lkey, mr->rkey});
+    s.m.push_back(model_mr{mr, d, reinterpret_cast<std::uintptr_t>(s.buf[b]), buf_size, 7, mr->lkey,
+                           mr->rkey});
     s.m_live.push_back(true);
   }
 }
@@ -644,8 +664,7 @@ void op_misc(FuzzedDataProvider& in, state& s) {
       for (std::size_t i = 0; i < s.m.size(); ++i) live += s.m_live[i] && s.m[i].dev == d;
       for (std::size_t i = 0; i < s.c.size(); ++i) live += s.c_live[i] && s.c[i].dev == d;
       FUZZ_TRACE("close_device(dev%d) with %d object(s)", d, live);
-      if (live)
-        FUZZ_RC("close_device", compcntr_close_device(devices[d].dev), EBUSY);
+      if (live) FUZZ_RC("close_device", compcntr_close_device(devices[d].dev), EBUSY);
       break;
     }
     case 1: {
@@ -699,8 +718,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 5: op_attach(in, s); break;
       case 6: op_reg_mr(in, s); break;
       case 7: op_dereg_mr(in, s); break;
-      case 8: case 9: op_post_recv(in, s); break;
-      case 10: case 11: op_post_send(in, s); break;
+      case 8:
+      case 9: op_post_recv(in, s); break;
+      case 10:
+      case 11: op_post_send(in, s); break;
       case 12: op_rdma(in, s, true); break;
       case 13: op_rdma(in, s, false); break;
       case 14: op_misc(in, s); break;

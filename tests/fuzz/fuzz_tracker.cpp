@@ -22,7 +22,7 @@ struct model_counter {
   compcntr_comp_cntr* cc;
   bool bytes;
   std::uint64_t comp = 0, err = 0;
-  int trackers = 0;  // live trackers over it
+  int trackers = 0; // live trackers over it
 };
 
 struct model_tracker {
@@ -71,7 +71,8 @@ void op_counter(FuzzedDataProvider& in, state& s) {
     compcntr_comp_cntr_init_attr a{};
     a.type = bytes ? COMPCNTR_COMP_CNTR_TYPE_BYTES : COMPCNTR_COMP_CNTR_TYPE_WRS;
     const std::uint32_t stripes = fuzz::maybe_striped(in, a);
-    FUZZ_TRACE("c%zu = create_comp_cntr(%s, stripes %u)", s.c.size(), bytes ? "BYTES" : "WRS", stripes);
+    FUZZ_TRACE("c%zu = create_comp_cntr(%s, stripes %u)", s.c.size(), bytes ? "BYTES" : "WRS",
+               stripes);
     errno = 0;
     compcntr_comp_cntr* cc = compcntr_create_comp_cntr(device.dev, &a);
     FUZZ_PTR("create_comp_cntr", cc, errno, 0);
@@ -110,7 +111,8 @@ void op_create(FuzzedDataProvider& in, state& s) {
   FUZZ_TRACE("t%zu = tracker_create(c%d)", s.t.size(), ci);
   const int want = ci < 0 || s.c[static_cast<std::size_t>(ci)].bytes ? EINVAL : 0;
   errno = 0;
-  compcntr_tracker* t = compcntr_tracker_create(ci >= 0 ? s.c[static_cast<std::size_t>(ci)].cc : nullptr);
+  compcntr_tracker* t =
+      compcntr_tracker_create(ci >= 0 ? s.c[static_cast<std::size_t>(ci)].cc : nullptr);
   FUZZ_PTR("tracker_create", t, errno, want);
   if (!t) return;
   model_counter& c = s.c[static_cast<std::size_t>(ci)];
@@ -149,12 +151,14 @@ void op_quiet(FuzzedDataProvider& in, state& s) {
   compcntr_wait_attr a{};
   bool attr_ok = true;
   if (form == 2) {
-    a.comp_mask = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<std::uint32_t>()
-                                                            : in.ConsumeIntegralInRange<std::uint32_t>(0, 3);
+    a.comp_mask = in.ConsumeIntegralInRange<int>(0, 7) == 0
+                      ? in.ConsumeIntegral<std::uint32_t>()
+                      : in.ConsumeIntegralInRange<std::uint32_t>(0, 3);
     a.spin_ns = in.ConsumeIntegralInRange<std::int64_t>(-2, 2000);
     a.progress_interval_us = in.ConsumeIntegralInRange<std::uint32_t>(0, 2);
-    attr_ok = (a.comp_mask & ~3u) == 0 && !((a.comp_mask & COMPCNTR_WAIT_ATTR_SPIN) && a.spin_ns < 0) &&
-              !((a.comp_mask & COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL) && a.progress_interval_us == 0);
+    attr_ok =
+        (a.comp_mask & ~3u) == 0 && !((a.comp_mask & COMPCNTR_WAIT_ATTR_SPIN) && a.spin_ns < 0) &&
+        !((a.comp_mask & COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL) && a.progress_interval_us == 0);
   }
   FUZZ_TRACE("tracker_quiet%s(t%d, 0)", form ? "_ex" : "", ti);
   compcntr_tracker* tt = ti >= 0 ? s.t[static_cast<std::size_t>(ti)].t : nullptr;
@@ -166,7 +170,7 @@ void op_quiet(FuzzedDataProvider& in, state& s) {
   }
   model_tracker& t = s.t[static_cast<std::size_t>(ti)];
   const std::uint64_t rem = t.issued - completed(s, t);
-  const bool done = rem == 0 || rem > (UINT64_MAX >> 1);  // accounted for, or completed past it
+  const bool done = rem == 0 || rem > (UINT64_MAX >> 1); // accounted for, or completed past it
   int want = ETIMEDOUT;
   if (done) {
     const std::uint64_t err = s.c[static_cast<std::size_t>(t.counter)].err;
@@ -179,7 +183,8 @@ void op_quiet(FuzzedDataProvider& in, state& s) {
 void op_destroy(FuzzedDataProvider& in, state& s) {
   const int ti = pick_tracker(in, s);
   FUZZ_TRACE("tracker_destroy(t%d)", ti);
-  FUZZ_RC("tracker_destroy", compcntr_tracker_destroy(ti >= 0 ? s.t[static_cast<std::size_t>(ti)].t : nullptr),
+  FUZZ_RC("tracker_destroy",
+          compcntr_tracker_destroy(ti >= 0 ? s.t[static_cast<std::size_t>(ti)].t : nullptr),
           ti >= 0 ? 0 : EINVAL);
   if (ti < 0) {
     errno = 0;
@@ -195,7 +200,7 @@ void op_destroy(FuzzedDataProvider& in, state& s) {
   --s.c[static_cast<std::size_t>(t.counter)].trackers;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (!device.dev) device.open(nullptr);
@@ -204,9 +209,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   state s;
   for (int steps = 0; steps < 300 && in.remaining_bytes() > 0; ++steps) {
     switch (in.ConsumeIntegralInRange<int>(0, 11)) {
-      case 0: case 1: op_create(in, s); break;
-      case 2: case 3: case 4: op_issue(in, s); break;
-      case 5: case 6: case 7: op_quiet(in, s); break;
+      case 0:
+      case 1: op_create(in, s); break;
+      case 2:
+      case 3:
+      case 4: op_issue(in, s); break;
+      case 5:
+      case 6:
+      case 7: op_quiet(in, s); break;
       case 8: op_destroy(in, s); break;
       default: op_counter(in, s); break;
     }

@@ -17,12 +17,30 @@ int cfp_inline_enabled(void)
 #endif
 }
 
-int cfp_read(struct compcntr_comp_cntr *cc, uint64_t *v) { return compcntr_read_comp_cntr(cc, v); }
-int cfp_read_err(struct compcntr_comp_cntr *cc, uint64_t *v) { return compcntr_read_err_comp_cntr(cc, v); }
-int cfp_inc(struct compcntr_comp_cntr *cc, uint64_t n) { return compcntr_inc_comp_cntr(cc, n); }
-int cfp_inc_err(struct compcntr_comp_cntr *cc, uint64_t n) { return compcntr_inc_err_comp_cntr(cc, n); }
-int cfp_set(struct compcntr_comp_cntr *cc, uint64_t v) { return compcntr_set_comp_cntr(cc, v); }
-int cfp_set_err(struct compcntr_comp_cntr *cc, uint64_t v) { return compcntr_set_err_comp_cntr(cc, v); }
+int cfp_read(struct compcntr_comp_cntr *cc, uint64_t *v)
+{
+	return compcntr_read_comp_cntr(cc, v);
+}
+int cfp_read_err(struct compcntr_comp_cntr *cc, uint64_t *v)
+{
+	return compcntr_read_err_comp_cntr(cc, v);
+}
+int cfp_inc(struct compcntr_comp_cntr *cc, uint64_t n)
+{
+	return compcntr_inc_comp_cntr(cc, n);
+}
+int cfp_inc_err(struct compcntr_comp_cntr *cc, uint64_t n)
+{
+	return compcntr_inc_err_comp_cntr(cc, n);
+}
+int cfp_set(struct compcntr_comp_cntr *cc, uint64_t v)
+{
+	return compcntr_set_comp_cntr(cc, v);
+}
+int cfp_set_err(struct compcntr_comp_cntr *cc, uint64_t v)
+{
+	return compcntr_set_err_comp_cntr(cc, v);
+}
 int cfp_wait(struct compcntr_comp_cntr *cc, uint64_t threshold, int timeout_ms)
 {
 	return compcntr_wait_comp_cntr(cc, threshold, timeout_ms);
@@ -51,7 +69,7 @@ ptrdiff_t cfp_offset_in_slot(struct compcntr_comp_cntr *cc)
  * in the fast path's load of cc->slot_). Returns what the increment returned, if it survives. */
 int cfp_use_after_destroy(struct compcntr_device *dev)
 {
-	struct compcntr_comp_cntr_init_attr attr = {0};
+	struct compcntr_comp_cntr_init_attr attr = { 0 };
 	struct compcntr_comp_cntr *cc = compcntr_create_comp_cntr(dev, &attr);
 	if (cc == NULL || compcntr_destroy_comp_cntr(cc) != 0)
 		return -1;

@@ -77,10 +77,10 @@ std::uint64_t read_err(compcntr_comp_cntr* cc) {
 
 TEST_CASE("C fast paths: compiled in for C, and the exported functions are still there") {
   CHECK(cfp_inline_enabled() == 1);
-  for (const char* name : {"compcntr_read_comp_cntr", "compcntr_read_err_comp_cntr",
-                           "compcntr_inc_comp_cntr", "compcntr_inc_err_comp_cntr",
-                           "compcntr_set_comp_cntr", "compcntr_set_err_comp_cntr",
-                           "compcntr_wait_comp_cntr", "compcntr_priv_notify_slow"})
+  for (const char* name :
+       {"compcntr_read_comp_cntr", "compcntr_read_err_comp_cntr", "compcntr_inc_comp_cntr",
+        "compcntr_inc_err_comp_cntr", "compcntr_set_comp_cntr", "compcntr_set_err_comp_cntr",
+        "compcntr_wait_comp_cntr", "compcntr_priv_notify_slow"})
     CHECK_MESSAGE(dlsym(RTLD_DEFAULT, name) != nullptr, name);
 }
 

@@ -234,7 +234,9 @@ TEST_CASE("striped: waits return as on a plain counter: spinning, asleep (woken)
   {
     std::errc got{};
     const std::uint64_t goal = c.value() + 1;
-    std::thread w([&] { got = compcntr::wait(c, goal, 20s, compcntr::wait_options{.spin = compcntr::spin_forever}); });
+    std::thread w([&] {
+      got = compcntr::wait(c, goal, 20s, compcntr::wait_options{.spin = compcntr::spin_forever});
+    });
     c.add(1);
     w.join();
     CHECK(got == std::errc{});
@@ -400,7 +402,10 @@ TEST_CASE("striped: completion tracker and adopted credits over a striped counte
     rc = static_cast<int>(tr.quiet(compcntr::wait_forever, compcntr::wait_options{.spin = 0ns}));
   });
   REQUIRE(eventually_blocked(tid));
-  std::thread a([&] { s.add(1); s.add_error(1); });
+  std::thread a([&] {
+    s.add(1);
+    s.add_error(1);
+  });
   a.join();
   s.add(1);
   REQUIRE(eventually_blocked(tid));   // 3 of 4: still asleep

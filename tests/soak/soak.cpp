@@ -91,8 +91,8 @@ void fail(const char* fmt, ...) {
   }
 }
 
-#define REQ(cond, ...)            \
-  do {                            \
+#define REQ(cond, ...)              \
+  do {                              \
     if (!(cond)) fail(__VA_ARGS__); \
   } while (0)
 
@@ -120,7 +120,7 @@ constexpr int n_inc = 256, n_set = 32, n_fd = 8;
 compcntr_device* dev;
 compcntr_comp_cntr* inc_c[n_inc];
 compcntr_comp_cntr* set_c[n_set];
-std::atomic<std::uint64_t> set_seq[n_set];  // odd while a set is in progress
+std::atomic<std::uint64_t> set_seq[n_set]; // odd while a set is in progress
 
 bool takes_errors(int i) { return i % 4 == 0; }
 
@@ -139,7 +139,9 @@ std::uint64_t rd_err(compcntr_comp_cntr* c) {
 
 // Striped counters among the inc and set counters: one in eight (index % 8 == 5), per CPU or 4.
 bool striped(int i) { return i % 8 == 5; }
-std::uint32_t stripes_of(int i) { return !striped(i) ? 0 : (i % 16 == 5 ? COMPCNTR_COMP_CNTR_STRIPES_PER_CPU : 4); }
+std::uint32_t stripes_of(int i) {
+  return !striped(i) ? 0 : (i % 16 == 5 ? COMPCNTR_COMP_CNTR_STRIPES_PER_CPU : 4);
+}
 
 compcntr_comp_cntr* make_counter(compcntr_comp_cntr_type type = COMPCNTR_COMP_CNTR_TYPE_WRS,
                                  std::uint32_t stripes = 0) {
@@ -162,7 +164,7 @@ int open_fds() {
   if (DIR* d = opendir("/proc/self/fd")) {
     while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
     closedir(d);
-    --n;  // the directory stream's own fd
+    --n; // the directory stream's own fd
   }
   return n;
 }
@@ -209,7 +211,8 @@ void reader() {
   while (!stop.load(std::memory_order_relaxed)) {
     for (int i = 0; i < n_inc; ++i) {
       const std::uint64_t v = rd(inc_c[i]), e = rd_err(inc_c[i]);
-      REQ(v >= last[static_cast<std::size_t>(i)], "inc counter %d moved backwards: %" PRIu64 " after %" PRIu64, i, v,
+      REQ(v >= last[static_cast<std::size_t>(i)],
+          "inc counter %d moved backwards: %" PRIu64 " after %" PRIu64, i, v,
           last[static_cast<std::size_t>(i)]);
       REQ(e >= last_e[static_cast<std::size_t>(i)], "inc counter %d's errors moved backwards", i);
       last[static_cast<std::size_t>(i)] = v;
@@ -220,7 +223,7 @@ void reader() {
       // Seqlock read: a value read between two equal even sequence numbers saw no set; if the
       // number is also the previous read's, no set happened in between either.
       const std::uint64_t s1 = set_seq[i].load(std::memory_order_acquire);
-      const std::uint64_t v = rd(set_c[i]);  // acquire load: the next load stays after it
+      const std::uint64_t v = rd(set_c[i]); // acquire load: the next load stays after it
       const std::uint64_t s2 = set_seq[i].load(std::memory_order_acquire);
       if (s1 == s2 && (s1 & 1) == 0) {
         if (s1 == last_set_seq[static_cast<std::size_t>(i)])
@@ -243,7 +246,7 @@ void setter(unsigned seed) {
   while (!stop.load(std::memory_order_relaxed)) {
     const int i = static_cast<int>(rng() % n_set);
     if (rng() % 16 == 0) {
-      set_seq[i].fetch_add(1, std::memory_order_relaxed);  // odd: a set is in progress
+      set_seq[i].fetch_add(1, std::memory_order_relaxed); // odd: a set is in progress
       std::atomic_thread_fence(std::memory_order_release);
       REQ(compcntr_set_comp_cntr(set_c[i], rng() % 1000) == 0, "set");
       set_seq[i].fetch_add(1, std::memory_order_release);
@@ -303,7 +306,8 @@ void poller(unsigned seed) {
     const int r = compcntr_poll_comp_cntrs(ccs, thr, k, t, &which);
     const auto ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
     if (r == 0) {
-      REQ(which < k && rd(ccs[which]) >= thr[which], "poll gave index %zu below its threshold", which);
+      REQ(which < k && rd(ccs[which]) >= thr[which], "poll gave index %zu below its threshold",
+          which);
     } else if (r == EIO) {
       REQ(which < k && takes_errors(idx[which]), "poll EIO on counter %zu without errors", which);
     } else if (r == ETIMEDOUT) {
@@ -319,7 +323,8 @@ void poller(unsigned seed) {
 
 void fd_watcher() {
   int fds[n_fd];
-  for (int i = 0; i < n_fd; ++i) REQ(compcntr_comp_cntr_get_fd(inc_c[i * 3 + 1], &fds[i]) == 0, "get_fd");
+  for (int i = 0; i < n_fd; ++i)
+    REQ(compcntr_comp_cntr_get_fd(inc_c[i * 3 + 1], &fds[i]) == 0, "get_fd");
   const int ep = epoll_create1(EPOLL_CLOEXEC);
   REQ(ep >= 0, "epoll_create1");
   std::uint64_t n = 0;
@@ -331,13 +336,15 @@ void fd_watcher() {
     const bool thr_arm = round % 4 >= 2;
     const std::uint64_t e0 = rd_err(c);
     const std::uint64_t thr = rd(c) + 1 + round % 32;
-    REQ((thr_arm ? compcntr_comp_cntr_arm_fd_threshold(c, thr) : compcntr_comp_cntr_arm_fd(c)) == 0, "arm_fd");
+    REQ((thr_arm ? compcntr_comp_cntr_arm_fd_threshold(c, thr) : compcntr_comp_cntr_arm_fd(c)) == 0,
+        "arm_fd");
     const std::uint64_t v0 = rd(c);
     // The arm's condition met after it (the inc workers update all the time).
     auto met = [&] { return thr_arm ? rd(c) >= thr || rd_err(c) != e0 : rd(c) != v0; };
     const auto until = clk::now() + std::chrono::seconds(5);
-    while (!met() && clk::now() < until && !stop.load(std::memory_order_relaxed)) std::this_thread::yield();
-    if (!met()) continue;  // stopping
+    while (!met() && clk::now() < until && !stop.load(std::memory_order_relaxed))
+      std::this_thread::yield();
+    if (!met()) continue; // stopping
     bool ready;
     if (round % 2 == 0) {
       pollfd p{fds[i], POLLIN, 0};
@@ -363,7 +370,8 @@ void churn(unsigned seed) {
   std::uint64_t n = 0, ops = 0;
   while (!stop.load(std::memory_order_relaxed)) {
     if (live.size() < 64 && (live.empty() || rng() % 2)) {
-      compcntr_comp_cntr* c = make_counter(rng() % 2 ? COMPCNTR_COMP_CNTR_TYPE_BYTES : COMPCNTR_COMP_CNTR_TYPE_WRS);
+      compcntr_comp_cntr* c =
+          make_counter(rng() % 2 ? COMPCNTR_COMP_CNTR_TYPE_BYTES : COMPCNTR_COMP_CNTR_TYPE_WRS);
       REQ(rd(c) == 0 && rd_err(c) == 0, "a new counter does not start at 0/0");
       ++n;
       if (rng() % 4 == 0) {
@@ -391,7 +399,11 @@ void querier(unsigned seed) {
   REQ(cmd != nullptr, "create_cmd_comp");
   if (!cmd) return;
   std::uint64_t n = 0, wr = 0;
-  struct issued { std::uint64_t wr_id; int i; std::uint64_t before; };
+  struct issued {
+    std::uint64_t wr_id;
+    int i;
+    std::uint64_t before;
+  };
   std::vector<issued> q;
   while (!stop.load(std::memory_order_relaxed)) {
     q.clear();
@@ -406,14 +418,15 @@ void querier(unsigned seed) {
     for (const issued& x : q) {
       std::uint8_t buf[COMPCNTR_COMP_CNTR_ASYNC_RESP_LEN];
       auto* h = reinterpret_cast<compcntr_devx_async_cmd_hdr*>(buf);
-      const int r = compcntr_devx_get_async_cmd_comp(cmd, h, sizeof buf);  // blocking
+      const int r = compcntr_devx_get_async_cmd_comp(cmd, h, sizeof buf); // blocking
       REQ(r == 0, "get_async_cmd_comp = %d", r);
       compcntr_comp_cntr_values v;
       std::memcpy(&v, buf + 8, sizeof v);
       const std::uint64_t after = rd(inc_c[x.i]);
-      REQ(h->wr_id == x.wr_id, "response %" PRIu64 " where %" PRIu64 " was next", h->wr_id, x.wr_id);
-      REQ(v.comp >= x.before && v.comp <= after, "query answer %" PRIu64 " outside [%" PRIu64 ", %" PRIu64 "]",
-          v.comp, x.before, after);
+      REQ(h->wr_id == x.wr_id, "response %" PRIu64 " where %" PRIu64 " was next", h->wr_id,
+          x.wr_id);
+      REQ(v.comp >= x.before && v.comp <= after,
+          "query answer %" PRIu64 " outside [%" PRIu64 ", %" PRIu64 "]", v.comp, x.before, after);
       ++n;
     }
     st_ops.checks += static_cast<std::uint64_t>(batch) * 2;
@@ -437,7 +450,9 @@ struct qp_side {
 } qps;
 
 std::size_t msg_len(std::uint64_t k) { return 1 + (k * 7) % max_len; }
-std::uint8_t msg_byte(std::uint64_t k, std::size_t j) { return static_cast<std::uint8_t>(k * 31 + j); }
+std::uint8_t msg_byte(std::uint64_t k, std::size_t j) {
+  return static_cast<std::uint8_t>(k * 31 + j);
+}
 
 void setup_qps() {
   qp_side& s = qps;
@@ -483,7 +498,8 @@ void qp_sender() {
       break;
     }
     std::uint64_t out = 0;
-    REQ(compcntr_credits_outstanding(s.cr, 0, &out) == 0 && out <= window, "credit window exceeded: %" PRIu64, out);
+    REQ(compcntr_credits_outstanding(s.cr, 0, &out) == 0 && out <= window,
+        "credit window exceeded: %" PRIu64, out);
     std::uint8_t* b = s.sbuf[k % window];
     const std::size_t len = msg_len(k);
     for (std::size_t j = 0; j < len; ++j) b[j] = msg_byte(k, j);
@@ -493,7 +509,8 @@ void qp_sender() {
     s.sent.store(k, std::memory_order_release);
     if (k % 16 == 0) {
       REQ(compcntr_post_rdma_write(s.tx, k, s.rdma_src, sizeof s.rdma_src, s.srcmr->lkey,
-                                   reinterpret_cast<std::uintptr_t>(s.rdma_dst), s.dstmr->rkey) == 0,
+                                   reinterpret_cast<std::uintptr_t>(s.rdma_dst),
+                                   s.dstmr->rkey) == 0,
           "post_rdma_write");
       ++s.rdma;
     }
@@ -505,7 +522,9 @@ void qp_sender() {
 void qp_receiver() {
   qp_side& s = qps;
   for (int j = 0; j < window; ++j)
-    REQ(compcntr_post_recv(s.rx, static_cast<std::uint64_t>(j), s.rbuf[j], max_len, s.rmr->lkey) == 0, "post_recv");
+    REQ(compcntr_post_recv(s.rx, static_cast<std::uint64_t>(j), s.rbuf[j], max_len, s.rmr->lkey) ==
+            0,
+        "post_recv");
   std::uint64_t k = 0;
   for (;;) {
     const std::uint64_t sent = s.sent.load(std::memory_order_acquire);
@@ -521,7 +540,8 @@ void qp_receiver() {
     bool ok = true;
     for (std::size_t j = 0; j < msg_len(k); ++j) ok &= b[j] == msg_byte(k, j);
     REQ(ok, "message %" PRIu64 " corrupted", k);
-    REQ(compcntr_post_recv(s.rx, k + window, s.rbuf[k % window], max_len, s.rmr->lkey) == 0, "post_recv");
+    REQ(compcntr_post_recv(s.rx, k + window, s.rbuf[k % window], max_len, s.rmr->lkey) == 0,
+        "post_recv");
     ++k;
   }
   st_qp.checks += k;
@@ -531,18 +551,23 @@ void finish_qps() {
   qp_side& s = qps;
   const std::uint64_t n = s.sent.load();
   REQ(compcntr_credits_flush(s.cr, 0, 0) == 0, "credits_flush after the last message");
-  REQ(rd(compcntr_credits_counter(s.cr, 0)) == n && rd(s.recv_wrs) == n, "SEND/RECV counts %" PRIu64 "/%" PRIu64 " for %" PRIu64 " messages",
+  REQ(rd(compcntr_credits_counter(s.cr, 0)) == n && rd(s.recv_wrs) == n,
+      "SEND/RECV counts %" PRIu64 "/%" PRIu64 " for %" PRIu64 " messages",
       rd(compcntr_credits_counter(s.cr, 0)), rd(s.recv_wrs), n);
-  REQ(rd(s.rdma_src_bytes) == s.rdma * 64 && rd(s.rdma_dst_bytes) == s.rdma * 64, "RDMA byte counts");
-  REQ(rd_err(s.recv_wrs) == 0 && rd_err(compcntr_credits_counter(s.cr, 0)) == 0, "error completions in the QP traffic");
+  REQ(rd(s.rdma_src_bytes) == s.rdma * 64 && rd(s.rdma_dst_bytes) == s.rdma * 64,
+      "RDMA byte counts");
+  REQ(rd_err(s.recv_wrs) == 0 && rd_err(compcntr_credits_counter(s.cr, 0)) == 0,
+      "error completions in the QP traffic");
   bool ok = true;
   for (std::uint8_t x : s.rdma_dst) ok &= x == 0x5a;
   REQ(s.rdma == 0 || ok, "RDMA write target bytes");
   REQ(compcntr_destroy_qp(s.tx) == 0 && compcntr_destroy_qp(s.rx) == 0, "destroy_qp");
-  REQ(compcntr_dereg_mr(s.smr) == 0 && compcntr_dereg_mr(s.rmr) == 0 && compcntr_dereg_mr(s.srcmr) == 0 &&
-          compcntr_dereg_mr(s.dstmr) == 0, "dereg_mr");
+  REQ(compcntr_dereg_mr(s.smr) == 0 && compcntr_dereg_mr(s.rmr) == 0 &&
+          compcntr_dereg_mr(s.srcmr) == 0 && compcntr_dereg_mr(s.dstmr) == 0,
+      "dereg_mr");
   REQ(compcntr_credits_destroy(s.cr) == 0, "credits_destroy");
-  for (auto* c : {s.recv_wrs, s.rdma_src_bytes, s.rdma_dst_bytes}) REQ(compcntr_destroy_comp_cntr(c) == 0, "destroy");
+  for (auto* c : {s.recv_wrs, s.rdma_src_bytes, s.rdma_dst_bytes})
+    REQ(compcntr_destroy_comp_cntr(c) == 0, "destroy");
 }
 
 #if SOAK_TRACKER
@@ -577,7 +602,7 @@ void track_completer(unsigned seed) {
       std::this_thread::yield();
       continue;
     }
-    if (rng() % 16 == 0) {  // one of them failed
+    if (rng() % 16 == 0) { // one of them failed
       REQ(compcntr_inc_err_comp_cntr(track_c, 1) == 0, "inc_err");
       if (x > 1) REQ(compcntr_inc_comp_cntr(track_c, x - 1) == 0, "inc");
     } else {
@@ -595,8 +620,8 @@ void track_quieter() {
     const int r = compcntr_tracker_quiet(track_t, 200);
     if (r == 0 || r == EIO) {
       const std::uint64_t done = compcntr_tracker_completed(track_t);
-      REQ(done - target < (std::uint64_t{1} << 62), "quiet returned %d with %" PRIu64 " of %" PRIu64 " done",
-          r, done, target);
+      REQ(done - target < (std::uint64_t{1} << 62),
+          "quiet returned %d with %" PRIu64 " of %" PRIu64 " done", r, done, target);
       std::uint64_t e = 0;
       compcntr_read_err_comp_cntr(track_c, &e);
       if (r == EIO) {
@@ -607,13 +632,13 @@ void track_quieter() {
       REQ(r == ETIMEDOUT, "tracker_quiet = %d", r);
     }
     ++n;
-    std::this_thread::yield();  // let the issuer and completer make progress between quiets
+    std::this_thread::yield(); // let the issuer and completer make progress between quiets
   }
   st_quiet.checks += n;
 }
 #endif
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   double seconds = 10;
@@ -634,13 +659,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "soak: open_device: %s\n", compcntr_last_error_message());
     return 1;
   }
-  for (int i = 0; i < n_inc; ++i) inc_c[i] = make_counter(COMPCNTR_COMP_CNTR_TYPE_WRS, stripes_of(i));
-  for (int i = 0; i < n_set; ++i) set_c[i] = make_counter(COMPCNTR_COMP_CNTR_TYPE_WRS, stripes_of(i));
+  for (int i = 0; i < n_inc; ++i)
+    inc_c[i] = make_counter(COMPCNTR_COMP_CNTR_TYPE_WRS, stripes_of(i));
+  for (int i = 0; i < n_set; ++i)
+    set_c[i] = make_counter(COMPCNTR_COMP_CNTR_TYPE_WRS, stripes_of(i));
   setup_qps();
 
   std::vector<inc_worker> incs(static_cast<std::size_t>(workers));
   std::vector<std::thread> th;
-  for (int w = 0; w < workers; ++w) th.emplace_back([&, w] { incs[static_cast<std::size_t>(w)].run(100 + static_cast<unsigned>(w)); });
+  for (int w = 0; w < workers; ++w)
+    th.emplace_back(
+        [&, w] { incs[static_cast<std::size_t>(w)].run(100 + static_cast<unsigned>(w)); });
   th.emplace_back(reader);
   th.emplace_back(setter, 1u);
   th.emplace_back(waiter, 2u);
@@ -671,8 +700,10 @@ int main(int argc, char** argv) {
   long rss_warm = 0, rss_max = 0;
   int max_fds = 0;
   for (int sec = 1;; ++sec) {
-    const auto next = t0 + std::chrono::milliseconds(static_cast<long>(std::min<double>(sec, seconds) * 1000));
-    while (clk::now() < next && failures.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto next =
+        t0 + std::chrono::milliseconds(static_cast<long>(std::min<double>(sec, seconds) * 1000));
+    while (clk::now() < next && failures.load() == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const int fds = open_fds();
     max_fds = std::max(max_fds, fds);
     REQ(fds <= fd_bound, "%d fds open (bound %d)", fds, fd_bound);
@@ -682,7 +713,8 @@ int main(int argc, char** argv) {
     if (rss_warm == 0 && sec >= std::max(1.0, seconds / 4)) rss_warm = rss;
     if (sec >= seconds || failures.load() != 0) break;
     if (seconds > 30 && sec % 30 == 0)
-      std::printf("soak: %d s: %" PRIu64 " failures, %d fds, RSS %ld KiB\n", sec, failures.load(), fds, rss);
+      std::printf("soak: %d s: %" PRIu64 " failures, %d fds, RSS %ld KiB\n", sec, failures.load(),
+                  fds, rss);
   }
   stop.store(true);
   for (auto& t : th) t.join();
@@ -696,7 +728,8 @@ int main(int argc, char** argv) {
       want += w.added[static_cast<std::size_t>(i)];
       want_e += w.added_err[static_cast<std::size_t>(i)];
     }
-    REQ(rd(inc_c[i]) == want, "counter %d lost increments: %" PRIu64 " of %" PRIu64, i, rd(inc_c[i]), want);
+    REQ(rd(inc_c[i]) == want, "counter %d lost increments: %" PRIu64 " of %" PRIu64, i,
+        rd(inc_c[i]), want);
     REQ(rd_err(inc_c[i]) == want_e, "counter %d lost error increments", i);
     ++st_lost.checks;
   }
@@ -705,7 +738,8 @@ int main(int argc, char** argv) {
   REQ(compcntr_tracker_quiet(track_t, 0) == 0 || compcntr_tracker_quiet(track_t, 0) == 0,
       "everything issued is accounted for at the end");
   REQ(compcntr_destroy_comp_cntr(track_c) == EBUSY, "the tracker holds its counter");
-  REQ(compcntr_tracker_destroy(track_t) == 0 && compcntr_destroy_comp_cntr(track_c) == 0, "tracker teardown");
+  REQ(compcntr_tracker_destroy(track_t) == 0 && compcntr_destroy_comp_cntr(track_c) == 0,
+      "tracker teardown");
 #endif
   for (auto* c : inc_c) REQ(compcntr_destroy_comp_cntr(c) == 0, "destroy");
   for (auto* c : set_c) REQ(compcntr_destroy_comp_cntr(c) == 0, "destroy");
@@ -718,17 +752,24 @@ int main(int argc, char** argv) {
   if (!SOAK_INSTRUMENTED) REQ(growth < 32 * 1024, "RSS grew by %ld KiB after the warm-up", growth);
 
   std::uint64_t ops = st_ops.checks.load();
-  for (invariant* s : {&st_mono, &st_seq, &st_wait, &st_poll, &st_fd, &st_churn, &st_query, &st_qp, &st_quiet}) ops += s->checks.load();
+  for (invariant* s :
+       {&st_mono, &st_seq, &st_wait, &st_poll, &st_fd, &st_churn, &st_query, &st_qp, &st_quiet})
+    ops += s->checks.load();
   int n_striped = 0;
   for (int i = 0; i < n_inc; ++i) n_striped += striped(i);
   for (int i = 0; i < n_set; ++i) n_striped += striped(i);
-  std::printf("soak: %.1f s, %d threads, %d counters (%d striped; + churn): %" PRIu64 " operations (%.0f ops/s), %" PRIu64 " failures\n",
-              elapsed, nthreads, n_inc + n_set + n_fd, n_striped, ops, ops / elapsed, failures.load());
+  std::printf("soak: %.1f s, %d threads, %d counters (%d striped; + churn): %" PRIu64
+              " operations (%.0f ops/s), %" PRIu64 " failures\n",
+              elapsed, nthreads, n_inc + n_set + n_fd, n_striped, ops, ops / elapsed,
+              failures.load());
   std::printf("soak: invariants checked:\n");
-  for (invariant* s : {&st_lost, &st_mono, &st_seq, &st_wait, &st_poll, &st_fd, &st_churn, &st_query, &st_qp, &st_quiet, &st_fds})
+  for (invariant* s : {&st_lost, &st_mono, &st_seq, &st_wait, &st_poll, &st_fd, &st_churn,
+                       &st_query, &st_qp, &st_quiet, &st_fds})
     std::printf("  %-58s %" PRIu64 "\n", s->name, s->checks.load());
-  std::printf("soak: fds %d at start, at most %d while running, %d at the end; RSS %ld KiB after warm-up, "
-              "%ld KiB max, %ld KiB at the end%s\n",
-              fds0, max_fds, fds_end, rss_warm, rss_max, rss_end, SOAK_INSTRUMENTED ? " (sanitizer build: not judged)" : "");
+  std::printf(
+      "soak: fds %d at start, at most %d while running, %d at the end; RSS %ld KiB after warm-up, "
+      "%ld KiB max, %ld KiB at the end%s\n",
+      fds0, max_fds, fds_end, rss_warm, rss_max, rss_end,
+      SOAK_INSTRUMENTED ? " (sanitizer build: not judged)" : "");
   return failures.load() == 0 ? 0 : 1;
 }

@@ -58,7 +58,9 @@ struct buffer {
     REQUIRE_FALSE(ec);
   }
   unsigned char* data() { return bytes.data(); }
-  std::uint64_t addr(std::size_t off = 0) { return reinterpret_cast<std::uint64_t>(bytes.data() + off); }
+  std::uint64_t addr(std::size_t off = 0) {
+    return reinterpret_cast<std::uint64_t>(bytes.data() + off);
+  }
   std::uint32_t lkey() const { return mr.lkey(); }
   std::uint32_t rkey() const { return mr.rkey(); }
   /// Fills with a recognisable pattern: byte i = seed + i.

@@ -27,13 +27,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CHECK(call)                                                               \
-	do {                                                                      \
-		int r_ = (int)(call);                                             \
-		if (r_) {                                                         \
-			fprintf(stderr, "%s: %s\n", #call, fi_strerror(-r_));     \
-			_exit(3);                                                 \
-		}                                                                 \
+#define CHECK(call)                                                                                \
+	do {                                                                                       \
+		int r_ = (int)(call);                                                              \
+		if (r_) {                                                                          \
+			fprintf(stderr, "%s: %s\n", #call, fi_strerror(-r_));                      \
+			_exit(3);                                                                  \
+		}                                                                                  \
 	} while (0)
 
 static atomic_ulong rounds;
@@ -61,10 +61,12 @@ static void child(const char *prov, unsigned long after)
 	hints->ep_attr->type = FI_EP_RDM;
 	hints->caps = FI_MSG;
 	hints->mode = FI_CONTEXT;
-	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+	hints->domain_attr->mr_mode =
+	        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
 	hints->fabric_attr->prov_name = strdup(prov);
 	int ip = strcmp(prov, "shm") != 0;
-	CHECK(fi_getinfo(FI_VERSION(1, 17), ip ? "127.0.0.1" : NULL, NULL, ip ? FI_SOURCE : 0, hints, &info));
+	CHECK(fi_getinfo(FI_VERSION(1, 17), ip ? "127.0.0.1" : NULL, NULL, ip ? FI_SOURCE : 0,
+	                 hints, &info));
 	fi_freeinfo(hints);
 	struct fid_fabric *fabric;
 	struct fid_domain *domain;
@@ -73,9 +75,9 @@ static void child(const char *prov, unsigned long after)
 	struct fid_cq *cq;
 	struct fid_cntr *cntr;
 	struct fid_mr *mr;
-	struct fi_av_attr aa = {.type = FI_AV_TABLE};
-	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_CONTEXT};
-	struct fi_cntr_attr na = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC};
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_CONTEXT };
+	struct fi_cntr_attr na = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC };
 	static char buf[2][64];
 	struct fi_context ctx[2];
 	CHECK(fi_fabric(info->fabric_attr, &fabric, NULL));
@@ -138,16 +140,20 @@ int main(int argc, char **argv)
 			return perror("fork"), 2;
 		if (pid == 0) {
 			close(fds[0]); /* fds[1] stays open until this process is gone */
-			child(argv[1], 50 + 37UL * (unsigned long)i); /* different points of the loop */
+			child(argv[1],
+			      50 + 37UL * (unsigned long)i); /* different points of the loop */
 		}
 		close(fds[1]);
-		struct pollfd p = {.fd = fds[0], .events = POLLIN};
+		struct pollfd p = { .fd = fds[0], .events = POLLIN };
 		int r = poll(&p, 1, 10000); /* POLLHUP when the child has ended */
 		close(fds[0]);
 		int status = 0;
 		if (r == 0) {
-			fprintf(stderr, "trial %d (%s): the process did not exit within 10 s after exit() was "
-					"called in a signal handler (exit deadlock); killed\n", i, argv[1]);
+			fprintf(stderr,
+			        "trial %d (%s): the process did not exit within 10 s after exit() "
+			        "was "
+			        "called in a signal handler (exit deadlock); killed\n",
+			        i, argv[1]);
 			kill(pid, SIGKILL);
 			waitpid(pid, &status, 0);
 			++failed;
@@ -156,11 +162,12 @@ int main(int argc, char **argv)
 		waitpid(pid, &status, 0);
 		if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
 			fprintf(stderr, "trial %d (%s): exit status %d (signal %d)\n", i, argv[1],
-				WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-				WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+			        WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+			        WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 			++failed;
 		}
 	}
-	printf("%s: %d of %d processes exited from a signal handler\n", argv[1], trials - failed, trials);
+	printf("%s: %d of %d processes exited from a signal handler\n", argv[1], trials - failed,
+	       trials);
 	return failed ? 1 : 0;
 }

@@ -159,11 +159,13 @@ class pair {
       if ((ret = fi_ep_bind(s->ep, &s->cq->fid,
                             FI_TRANSMIT | FI_RECV | (o.selective ? FI_SELECTIVE_COMPLETION : 0))))
         return err("fi_ep_bind(cq)", ret);
-      if (posix_memalign(reinterpret_cast<void**>(&s->buf), 4096, buf_size)) return why = "posix_memalign", nullptr;
+      if (posix_memalign(reinterpret_cast<void**>(&s->buf), 4096, buf_size))
+        return why = "posix_memalign", nullptr;
       std::memset(s->buf, 0, buf_size);
-      if ((ret = fi_mr_reg(p->domain, s->buf, buf_size,
-                           FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, 0,
-                           next_key++, 0, &s->mr, nullptr)))
+      if ((ret =
+               fi_mr_reg(p->domain, s->buf, buf_size,
+                         FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE,
+                         0, next_key++, 0, &s->mr, nullptr)))
         return err("fi_mr_reg", ret);
       s->desc = fi_mr_desc(s->mr);
       s->key = fi_mr_key(s->mr);
@@ -176,7 +178,8 @@ class pair {
       char name[256];
       std::size_t len = sizeof name;
       if ((ret = fi_getname(&s->ep->fid, name, &len))) return err("fi_getname", ret);
-      if ((ret = fi_av_insert(p->av, name, 1, &s->addr, 0, nullptr)) != 1) return err("fi_av_insert", ret);
+      if ((ret = fi_av_insert(p->av, name, 1, &s->addr, 0, nullptr)) != 1)
+        return err("fi_av_insert", ret);
     }
     return p;
   }

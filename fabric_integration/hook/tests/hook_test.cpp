@@ -54,7 +54,8 @@ bool thread_mode() {
 void check_served(fid_cntr* c) {
   compcntr_comp_cntr* cc = compcntr_fi_cntr_comp_cntr(c);
   if (hooked()) {
-    REQUIRE_MESSAGE(cc != nullptr, "the hook did not serve the counter: " << compcntr_fi_last_error());
+    REQUIRE_MESSAGE(cc != nullptr,
+                    "the hook did not serve the counter: " << compcntr_fi_last_error());
     CHECK(compcntr_comp_cntr_numa_node(cc) >= 0);
   } else {
     CHECK(cc == nullptr);
@@ -90,8 +91,11 @@ std::uint64_t read_until(pair& p, fid_cntr* c, std::uint64_t v) {
 
 void send_recv(pair& p, int n, std::size_t len) {
   for (int i = 0; i < n; ++i) {
-    REQUIRE(p.post([&] { return fi_recv(p.b.ep, p.b.buf + i * 64, 64, p.b.desc, FI_ADDR_UNSPEC, p.ctx()); }) == 0);
-    REQUIRE(p.post([&] { return fi_send(p.a.ep, p.a.buf, len, p.a.desc, p.b.addr, p.ctx()); }) == 0);
+    REQUIRE(p.post([&] {
+      return fi_recv(p.b.ep, p.b.buf + i * 64, 64, p.b.desc, FI_ADDR_UNSPEC, p.ctx());
+    }) == 0);
+    REQUIRE(p.post([&] { return fi_send(p.a.ep, p.a.buf, len, p.a.desc, p.b.addr, p.ctx()); }) ==
+            0);
   }
 }
 
@@ -182,14 +186,16 @@ TEST_CASE("fi_cntr_wait: threshold, timeout, error during the wait") {
     REQUIRE(p->open_cntr(&none, FI_WAIT_NONE) == 0);
     for (fid_cntr* c : {early_none, none}) {
       const int r = fi_cntr_wait(c, 0, 0);
-      if (prov == "tcp;ofi_rxm" || prov == "shm") CHECK((r == 0 || r == -FI_ENOSYS));
-      else CHECK(r == 0);
+      if (prov == "tcp;ofi_rxm" || prov == "shm")
+        CHECK((r == 0 || r == -FI_ENOSYS));
+      else
+        CHECK(r == 0);
     }
     if (weak) continue;
     send_recv(*p, 4, 16);
     // (A wait alone drives only the receiver; udp;ofi_rxd also needs the sender driven.)
     CHECK(read_until(*p, rx, 4) == 4);
-    CHECK(fi_cntr_wait(rx, 4, 0) == 0);       // already there: at once, even with timeout 0
+    CHECK(fi_cntr_wait(rx, 4, 0) == 0); // already there: at once, even with timeout 0
     CHECK(fi_cntr_wait(rx, 5, 0) == -FI_ETIMEDOUT);
     const auto t0 = clk::now();
     CHECK(fi_cntr_wait(rx, 5, 150) == -FI_ETIMEDOUT);
@@ -197,9 +203,9 @@ TEST_CASE("fi_cntr_wait: threshold, timeout, error during the wait") {
     // Never early with the hook; libfabric's util wait counts whole milliseconds from a
     // truncated start and returns up to 1 ms early (measured: 149 ms).
     CHECK(ms >= (hooked() ? 150 : 149));
-    CHECK(ms < 5000);   // and not forever
+    CHECK(ms < 5000); // and not forever
     CHECK(fi_cntr_read(rx) == 4);
-    CHECK(fi_cntr_readerr(rx) == 0);  // a timeout leaves the values alone
+    CHECK(fi_cntr_readerr(rx) == 0); // a timeout leaves the values alone
 
     // An error during the wait ends it with -FI_EAVAIL. The helper adds errors until the wait
     // has returned, so at least one lands inside it (no timing assumption).
@@ -216,7 +222,6 @@ TEST_CASE("fi_cntr_wait: threshold, timeout, error during the wait") {
     CHECK(r == -FI_EAVAIL);
     CHECK(fi_cntr_readerr(rx) >= 1);
     CHECK(fi_cntr_read(rx) == 4);
-
   }
 }
 
@@ -233,13 +238,13 @@ TEST_CASE("bind errors, close order and -FI_EBUSY are the provider's") {
       if (int r = p.open_cntr(&tx)) return r;
       if (int r = p.open_cntr(&other)) return r;
       if (int r = fi_ep_bind(p.a.ep, &tx->fid, FI_SEND)) return r;
-      dup = fi_ep_bind(p.a.ep, &other->fid, FI_SEND);        // FI_SEND has a counter already
-      bad = fi_ep_bind(p.a.ep, &other->fid, 1ull << 60);     // not a counter flag
-      none = fi_ep_bind(p.b.ep, &other->fid, 0);             // no flags
+      dup = fi_ep_bind(p.a.ep, &other->fid, FI_SEND); // FI_SEND has a counter already
+      bad = fi_ep_bind(p.a.ep, &other->fid, 1ull << 60); // not a counter flag
+      none = fi_ep_bind(p.b.ep, &other->fid, 0); // no flags
       return 0;
     });
     leaks.reset();
-    CHECK(dup == (prov == "sockets" ? 0 : -FI_EINVAL));  // sockets replaces the binding
+    CHECK(dup == (prov == "sockets" ? 0 : -FI_EINVAL)); // sockets replaces the binding
     CHECK(bad == -FI_EBADFLAGS);
     CHECK(none == 0);
     check_served(tx);
@@ -268,9 +273,12 @@ TEST_CASE("counter attributes are validated as the provider validates them") {
     a = {};
     a.wait_obj = static_cast<fi_wait_obj>(77);
     const int r77 = fi_cntr_open(p->domain, &a, &c, nullptr);
-    if (prov == "shm") CHECK(r77 == -FI_ENOSYS);
-    else if (util) CHECK(r77 == -FI_EINVAL);
-    else if (r77 == 0) fi_close(&c->fid);
+    if (prov == "shm")
+      CHECK(r77 == -FI_ENOSYS);
+    else if (util)
+      CHECK(r77 == -FI_EINVAL);
+    else if (r77 == 0)
+      fi_close(&c->fid);
     a = {};
     a.wait_obj = FI_WAIT_FD;
     const int rfd = fi_cntr_open(p->domain, &a, &c, nullptr);
@@ -295,8 +303,12 @@ TEST_CASE("a too-small receive is counted as each provider counts it") {
       if (int r = p.open_cntr(&rx, FI_WAIT_UNSPEC)) return r;
       return fi_ep_bind(p.b.ep, &rx->fid, FI_RECV);
     });
-    REQUIRE(p->post([&] { return fi_recv(p->b.ep, p->b.buf, 8, p->b.desc, FI_ADDR_UNSPEC, p->ctx()); }) == 0);
-    REQUIRE(p->post([&] { return fi_send(p->a.ep, p->a.buf, 64, p->a.desc, p->b.addr, p->ctx()); }) == 0);
+    REQUIRE(p->post([&] {
+      return fi_recv(p->b.ep, p->b.buf, 8, p->b.desc, FI_ADDR_UNSPEC, p->ctx());
+    }) == 0);
+    REQUIRE(p->post([&] {
+      return fi_send(p->a.ep, p->a.buf, 64, p->a.desc, p->b.addr, p->ctx());
+    }) == 0);
     // The receive completes (in error, or truncated) on B's CQ.
     bool seen = false, error = false;
     const auto end = clk::now() + std::chrono::seconds(10);
@@ -321,7 +333,8 @@ TEST_CASE("a too-small receive is counted as each provider counts it") {
       // With the progress thread a read is a load: the value the provider counted in the
       // progress call that produced the CQ entry appears when the thread next pulls (fi_cntr(3)
       // allows the delay). Nothing else may appear: the values are then checked exactly.
-      p->until([&] { return fi_cntr_readerr(rx) >= want_err && fi_cntr_read(rx) >= want_ok; }, 10'000);
+      p->until([&] { return fi_cntr_readerr(rx) >= want_err && fi_cntr_read(rx) >= want_ok; },
+               10'000);
     }
     CHECK(fi_cntr_readerr(rx) == want_err);
     CHECK(fi_cntr_read(rx) == want_ok);
@@ -354,16 +367,16 @@ TEST_CASE("RMA: local and remote counters (FI_RMA_EVENT), no CQ entries") {
     for (int i = 0; i < 8; ++i) {
       std::memset(p->a.buf + i * 64, 'a' + i, 64);
       REQUIRE(p->post([&] {
-        return fi_write(p->a.ep, p->a.buf + i * 64, 64, p->a.desc, p->b.addr, p->remote(p->b, i * 64), p->b.key,
-                        p->ctx());
+        return fi_write(p->a.ep, p->a.buf + i * 64, 64, p->a.desc, p->b.addr,
+                        p->remote(p->b, i * 64), p->b.key, p->ctx());
       }) == 0);
     }
     CHECK(read_until(*p, wr, 8) == 8);
     CHECK(read_until(*p, rwr, 8) == 8);
     for (int i = 0; i < 4; ++i)
       REQUIRE(p->post([&] {
-        return fi_read(p->a.ep, p->a.buf + 4096 + i * 64, 64, p->a.desc, p->b.addr, p->remote(p->b, i * 64),
-                       p->b.key, p->ctx());
+        return fi_read(p->a.ep, p->a.buf + 4096 + i * 64, 64, p->a.desc, p->b.addr,
+                       p->remote(p->b, i * 64), p->b.key, p->ctx());
       }) == 0);
     CHECK(read_until(*p, rd, 4) == 4);
     CHECK(read_until(*p, rrd, 4) == 4);
@@ -378,10 +391,11 @@ TEST_CASE("RMA: local and remote counters (FI_RMA_EVENT), no CQ entries") {
   }
 }
 
-TEST_CASE("FI_WAIT_FD: FI_GETWAIT gives a real fd that a message makes readable; fi_trywait mixes") {
+TEST_CASE(
+    "FI_WAIT_FD: FI_GETWAIT gives a real fd that a message makes readable; fi_trywait mixes") {
   for (const std::string& prov : providers()) {
     INFO("provider " << prov << (hooked() ? " (hooked)" : " (plain)"));
-    if (prov == "shm") continue;  // shm refuses FI_WAIT_FD counters (-FI_ENOSYS, both ways)
+    if (prov == "shm") continue; // shm refuses FI_WAIT_FD counters (-FI_ENOSYS, both ways)
     fid_cntr* rx = nullptr;
     auto p = open_or_fail(prov, {}, [&](pair& p) {
       if (int r = p.open_cntr(&rx, FI_WAIT_FD)) return r;
@@ -389,7 +403,7 @@ TEST_CASE("FI_WAIT_FD: FI_GETWAIT gives a real fd that a message makes readable;
     });
     int fd = -1;
     const int gw = fi_control(&rx->fid, FI_GETWAIT, &fd);
-    if (!hooked() && prov != "sockets") {  // libfabric is weak: util counters have no fd
+    if (!hooked() && prov != "sockets") { // libfabric is weak: util counters have no fd
       CHECK(gw == -FI_ENOSYS);
       continue;
     }
@@ -414,7 +428,9 @@ TEST_CASE("FI_WAIT_FD: FI_GETWAIT gives a real fd that a message makes readable;
     // Three messages, each sent by another thread while this one may be asleep on the fd.
     int slept_through = 0;
     for (std::uint64_t i = 1; i <= 3; ++i) {
-      REQUIRE(p->post([&] { return fi_recv(p->b.ep, p->b.buf, 64, p->b.desc, FI_ADDR_UNSPEC, p->ctx()); }) == 0);
+      REQUIRE(p->post([&] {
+        return fi_recv(p->b.ep, p->b.buf, 64, p->b.desc, FI_ADDR_UNSPEC, p->ctx());
+      }) == 0);
       std::thread sender([&] {
         p->post([&] { return fi_send(p->a.ep, p->a.buf, 16, p->a.desc, p->b.addr, p->ctx()); });
         fi_cq_data_entry e;
@@ -425,9 +441,9 @@ TEST_CASE("FI_WAIT_FD: FI_GETWAIT gives a real fd that a message makes readable;
       const auto end = clk::now() + std::chrono::seconds(10);
       while (fi_cntr_read(rx) < i && clk::now() < end) {
         fid* f = &rx->fid;
-        if (fi_trywait(p->fabric, &f, 1) != 0) continue;  // news: read again
+        if (fi_trywait(p->fabric, &f, 1) != 0) continue; // news: read again
         epoll_event out{};
-        if (epoll_wait(ep, &out, 1, 5000) == 0) ++slept_through;  // the fd missed the message
+        if (epoll_wait(ep, &out, 1, 5000) == 0) ++slept_through; // the fd missed the message
       }
       sender.join();
       CHECK(fi_cntr_read(rx) == i);
@@ -443,7 +459,7 @@ TEST_CASE("FI_WAIT_FD: FI_GETWAIT gives a real fd that a message makes readable;
 TEST_CASE("fi_poll over a counter reports its context") {
   for (const std::string& prov : providers()) {
     INFO("provider " << prov << (hooked() ? " (hooked)" : " (plain)"));
-    if (prov == "sockets") continue;  // sockets has no domain poll sets in 1.17? see below
+    if (prov == "sockets") continue; // sockets has no domain poll sets in 1.17? see below
     fid_cntr* rx = nullptr;
     int tag = 0;
     auto p = open_or_fail(prov, {}, [&](pair& p) {
@@ -509,7 +525,7 @@ TEST_CASE("sockets: FI_TRIGGER operations and FI_QUEUE_WORK on counters") {
   // it again when the write fires.)
   if (hooked()) CHECK(compcntr_fi_cntr_comp_cntr(tc->trigger.threshold.cntr) == nullptr);
   CHECK(fi_cntr_add(trig, 2) == 0);
-  CHECK(fi_cntr_read(wr) == 0);  // below the threshold: not issued
+  CHECK(fi_cntr_read(wr) == 0); // below the threshold: not issued
   CHECK(p->b.buf[0] == 0);
   CHECK(fi_cntr_add(trig, 1) == 0);
   CHECK(read_until(*p, wr, 1) == 1);
@@ -518,7 +534,7 @@ TEST_CASE("sockets: FI_TRIGGER operations and FI_QUEUE_WORK on counters") {
   // a plain fi_write's context is a triggered context.
   fid_ep* alias = nullptr;
   {
-    libfabric_leaks_here leaks;  // sockets does not free an alias endpoint
+    libfabric_leaks_here leaks; // sockets does not free an alias endpoint
     REQUIRE(fi_ep_alias(p->a.ep, &alias, FI_TRANSMIT | FI_TRIGGER) == 0);
   }
   std::memset(p->a.buf + 128, 'A', 64);
@@ -526,8 +542,9 @@ TEST_CASE("sockets: FI_TRIGGER operations and FI_QUEUE_WORK on counters") {
   tc2->event_type = FI_TRIGGER_THRESHOLD;
   tc2->trigger.threshold.cntr = trig;
   tc2->trigger.threshold.threshold = 4;
-  REQUIRE(fi_write(alias, p->a.buf + 128, 64, p->a.desc, p->b.addr, p->remote(p->b, 128), p->b.key, tc2) == 0);
-  CHECK(p->b.buf[128] == 0);  // trig is 3: not yet
+  REQUIRE(fi_write(alias, p->a.buf + 128, 64, p->a.desc, p->b.addr, p->remote(p->b, 128), p->b.key,
+                   tc2) == 0);
+  CHECK(p->b.buf[128] == 0); // trig is 3: not yet
   CHECK(fi_cntr_add(trig, 1) == 0);
   CHECK(read_until(*p, wr, 2) == 2);
   CHECK(p->b.buf[128 + 63] == 'A');
@@ -543,7 +560,7 @@ TEST_CASE("sockets: FI_TRIGGER operations and FI_QUEUE_WORK on counters") {
   REQUIRE(fi_control(&p->domain->fid, FI_QUEUE_WORK, &work) == 0);
   CHECK(work.triggering_cntr == trig);
   CHECK(fi_cntr_read(target) == 0);
-  CHECK(fi_cntr_add(trig, 1) == 0);  // 5
+  CHECK(fi_cntr_add(trig, 1) == 0); // 5
   CHECK(fi_cntr_read(target) == 7);
   check_compcntr_value(target, 7, 0);
   check_compcntr_value(trig, 5, 0);

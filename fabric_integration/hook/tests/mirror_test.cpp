@@ -75,7 +75,8 @@ struct test_cntr {
 };
 std::uint64_t as_provider(const test_cntr* t, std::uint64_t v) {
   if (t->bits == 64) return v;
-  return static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(static_cast<std::uint32_t>(v))));
+  return static_cast<std::uint64_t>(
+      static_cast<std::int64_t>(static_cast<std::int32_t>(static_cast<std::uint32_t>(v))));
 }
 uint64_t t_read(fid_cntr* c) {
   auto* t = reinterpret_cast<test_cntr*>(c);
@@ -86,10 +87,12 @@ uint64_t t_readerr(fid_cntr* c) {
   auto* t = reinterpret_cast<test_cntr*>(c);
   return as_provider(t, t->errors.load(std::memory_order_acquire));
 }
-fi_ops_cntr t_ops = {sizeof(fi_ops_cntr), t_read, t_readerr, nullptr, nullptr, nullptr, nullptr, nullptr};
+fi_ops_cntr t_ops = {
+    sizeof(fi_ops_cntr), t_read, t_readerr, nullptr, nullptr, nullptr, nullptr, nullptr};
 fi_ops t_fid_ops = {sizeof(fi_ops), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 
-std::unique_ptr<test_cntr> make_test_cntr(unsigned bits, std::uint64_t start, std::uint64_t err_start = 0) {
+std::unique_ptr<test_cntr> make_test_cntr(unsigned bits, std::uint64_t start,
+                                          std::uint64_t err_start = 0) {
   auto t = std::make_unique<test_cntr>();
   t->cntr.fid.fclass = FI_CLASS_CNTR;
   t->cntr.fid.ops = &t_fid_ops;
@@ -107,7 +110,7 @@ compcntr_fi_mirror* open_bits(fid_cntr* pc, compcntr_comp_cntr* cc, unsigned bit
   return compcntr_fi_mirror_open_ex(pc, cc, &a);
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("mirror: refused arguments change nothing") {
   cc_holder c;
@@ -138,14 +141,14 @@ TEST_CASE("mirror: refused arguments change nothing") {
   CHECK(std::strlen(compcntr_fi_last_error()) > 0);
   CHECK(compcntr_fi_mirror_progress(nullptr) == -FI_EINVAL);
   CHECK(compcntr_fi_mirror_close(nullptr) == EINVAL);
-  compcntr_fi_mirror_progress_fn(nullptr);  // a no-op, not a crash
+  compcntr_fi_mirror_progress_fn(nullptr); // a no-op, not a crash
   CHECK(c.value() == 0);
-  CHECK(t->reads == 0);  // no refused open touched the provider counter
+  CHECK(t->reads == 0); // no refused open touched the provider counter
 }
 
 TEST_CASE("mirror: gains since open, completion and error values separately") {
   cc_holder c;
-  auto t = make_test_cntr(64, 100, 7);  // what the provider counted before: the baseline
+  auto t = make_test_cntr(64, 100, 7); // what the provider counted before: the baseline
   compcntr_fi_mirror* m = compcntr_fi_mirror_open(&t->cntr, c.cc);
   REQUIRE(m != nullptr);
   CHECK(compcntr_fi_mirror_progress(m) == 0);
@@ -156,7 +159,7 @@ TEST_CASE("mirror: gains since open, completion and error values separately") {
   CHECK(compcntr_fi_mirror_progress(m) == 0);
   CHECK(c.value() == 5);
   CHECK(c.errors() == 2);
-  CHECK(compcntr_fi_mirror_progress(m) == 0);  // nothing new: nothing added
+  CHECK(compcntr_fi_mirror_progress(m) == 0); // nothing new: nothing added
   CHECK(c.value() == 5);
   CHECK(c.errors() == 2);
   // The compcntr counter keeps its own updates; the mirror adds on top.
@@ -165,7 +168,7 @@ TEST_CASE("mirror: gains since open, completion and error values separately") {
   compcntr_fi_mirror_progress_fn(m);
   CHECK(c.value() == 1006);
   CHECK(compcntr_fi_mirror_close(m) == 0);
-  CHECK(t->value == 106);  // the provider counter is only read
+  CHECK(t->value == 106); // the provider counter is only read
 }
 
 TEST_CASE("mirror: wraps at 2^64 and, for 32-bit provider counters, at 2^32") {
@@ -174,7 +177,7 @@ TEST_CASE("mirror: wraps at 2^64 and, for 32-bit provider counters, at 2^32") {
     auto t = make_test_cntr(64, ~std::uint64_t{0} - 3);
     compcntr_fi_mirror* m = compcntr_fi_mirror_open(&t->cntr, c.cc);
     REQUIRE(m != nullptr);
-    t->value += 10;  // wraps past 2^64 - 1 to 6
+    t->value += 10; // wraps past 2^64 - 1 to 6
     CHECK(t->value == 6);
     CHECK(compcntr_fi_mirror_progress(m) == 0);
     CHECK(c.value() == 10);
@@ -193,7 +196,7 @@ TEST_CASE("mirror: wraps at 2^64 and, for 32-bit provider counters, at 2^32") {
     CHECK(c.value() == 4);
     t->value = 0xfffffffeull;
     CHECK(compcntr_fi_mirror_progress(m) == 0);
-    t->value = 0x100000003ull;  // 32-bit value 3
+    t->value = 0x100000003ull; // 32-bit value 3
     CHECK(compcntr_fi_mirror_progress(m) == 0);
     CHECK(c.value() == 0x100000003ull - 0x7ffffffe);
     compcntr_fi_mirror_close(m);
@@ -216,7 +219,8 @@ TEST_CASE("mirror: exactly once under concurrent progress calls (stress; run und
   for (unsigned bits : {64u, 32u}) {
     INFO("value bits " << bits);
     cc_holder c;
-    const std::uint64_t start = bits == 64 ? ~std::uint64_t{0} - 1000 : 0x7fffff00ull;  // wraps on the way
+    const std::uint64_t start =
+        bits == 64 ? ~std::uint64_t{0} - 1000 : 0x7fffff00ull; // wraps on the way
     auto t = make_test_cntr(bits, start, start);
     compcntr_fi_mirror* m = open_bits(&t->cntr, c.cc, bits);
     REQUIRE(m != nullptr);
@@ -252,7 +256,7 @@ TEST_CASE("mirror: exactly once under concurrent progress calls (stress; run und
     }
     done = true;
     for (auto& x : th) x.join();
-    CHECK(compcntr_fi_mirror_progress(m) == 0);  // catch up with the last steps
+    CHECK(compcntr_fi_mirror_progress(m) == 0); // catch up with the last steps
     CHECK(c.value() == added.load());
     CHECK(c.errors() == err_added.load());
     CHECK(monotonic_violations == 0);
@@ -270,10 +274,17 @@ TEST_CASE("mirror: a value read before a newer one was committed is not counted 
   };
   static scripted s;
   s = {};
-  static fi_ops_cntr ops = {sizeof(fi_ops_cntr),
-                            [](fid_cntr*) -> uint64_t { return s.script[s.next < s.script.size() ? s.next++ : s.script.size() - 1]; },
-                            [](fid_cntr*) -> uint64_t { return 0; },
-                            nullptr, nullptr, nullptr, nullptr, nullptr};
+  static fi_ops_cntr ops = {
+      sizeof(fi_ops_cntr),
+      [](fid_cntr*) -> uint64_t {
+        return s.script[s.next < s.script.size() ? s.next++ : s.script.size() - 1];
+      },
+      [](fid_cntr*) -> uint64_t { return 0; },
+      nullptr,
+      nullptr,
+      nullptr,
+      nullptr,
+      nullptr};
   s.cntr.fid.fclass = FI_CLASS_CNTR;
   s.cntr.fid.ops = &t_fid_ops;
   s.cntr.ops = &ops;
@@ -309,7 +320,11 @@ TEST_CASE("mirror: two progress calls that read the same new value add it once")
                               return v;
                             },
                             [](fid_cntr*) -> uint64_t { return 0; },
-                            nullptr, nullptr, nullptr, nullptr, nullptr};
+                            nullptr,
+                            nullptr,
+                            nullptr,
+                            nullptr,
+                            nullptr};
   g.cntr.fid.fclass = FI_CLASS_CNTR;
   g.cntr.fid.ops = &t_fid_ops;
   g.cntr.ops = &ops;
@@ -332,13 +347,14 @@ TEST_CASE("mirror: two progress calls that read the same new value add it once")
 }
 
 #if !MIRROR_TSAN
-TEST_CASE("mirror: equals the provider's counters on real traffic (no CQ entries, RMA events, errors)") {
+TEST_CASE(
+    "mirror: equals the provider's counters on real traffic (no CQ entries, RMA events, errors)") {
   for (const std::string& prov : providers()) {
     INFO("provider " << prov);
     fid_cntr *tx = nullptr, *rx = nullptr, *rwr = nullptr;
     options o;
     o.selective = true;
-    o.rma_event = prov != "tcp;ofi_rxm";  // tcp;ofi_rxm has no FI_RMA_EVENT in 1.17
+    o.rma_event = prov != "tcp;ofi_rxm"; // tcp;ofi_rxm has no FI_RMA_EVENT in 1.17
     std::string why;
     auto p = pair::open(prov, o, why, [&](pair& p) {
       if (int r = p.open_cntr(&tx)) return r;
@@ -368,25 +384,34 @@ TEST_CASE("mirror: equals the provider's counters on real traffic (no CQ entries
       });
     constexpr int n = 40;
     for (int i = 0; i < n; ++i) {
-      REQUIRE(p->post([&] { return fi_recv(p->b.ep, p->b.buf + (i % 8) * 64, 64, p->b.desc, FI_ADDR_UNSPEC, p->ctx()); }) == 0);
-      REQUIRE(p->post([&] { return fi_send(p->a.ep, p->a.buf, 48, p->a.desc, p->b.addr, p->ctx()); }) == 0);
+      REQUIRE(p->post([&] {
+        return fi_recv(p->b.ep, p->b.buf + (i % 8) * 64, 64, p->b.desc, FI_ADDR_UNSPEC, p->ctx());
+      }) == 0);
+      REQUIRE(p->post([&] {
+        return fi_send(p->a.ep, p->a.buf, 48, p->a.desc, p->b.addr, p->ctx());
+      }) == 0);
       compcntr_fi_mirror_progress(mtx);
     }
     const int writes = rwr ? 6 : 0;
     for (int i = 0; i < writes; ++i)
       REQUIRE(p->post([&] {
-        return fi_write(p->a.ep, p->a.buf, 64, p->a.desc, p->b.addr, p->remote(p->b, 8192 + i * 64), p->b.key, p->ctx());
+        return fi_write(p->a.ep, p->a.buf, 64, p->a.desc, p->b.addr, p->remote(p->b, 8192 + i * 64),
+                        p->b.key, p->ctx());
       }) == 0);
     // Everything arrives: the provider counters get there (reading them drives progress).
-    p->until([&] { return fi_cntr_read(rx) >= n && fi_cntr_read(tx) >= std::uint64_t(n + writes) &&
-                          (!rwr || fi_cntr_read(rwr) >= std::uint64_t(writes)); }, 10'000);
+    p->until(
+        [&] {
+          return fi_cntr_read(rx) >= n && fi_cntr_read(tx) >= std::uint64_t(n + writes) &&
+                 (!rwr || fi_cntr_read(rwr) >= std::uint64_t(writes));
+        },
+        10'000);
     done = true;
     for (auto& x : th) x.join();
     compcntr_fi_mirror_progress(mtx);
     compcntr_fi_mirror_progress(mrx);
     if (mrwr) compcntr_fi_mirror_progress(mrwr);
     CHECK(fi_cntr_read(rx) == n);
-    CHECK(crx.value() == n);  // never twice, under four concurrent mirrors
+    CHECK(crx.value() == n); // never twice, under four concurrent mirrors
     CHECK(fi_cntr_read(tx) == std::uint64_t(n + writes));
     CHECK(ctx.value() == std::uint64_t(n + writes));
     if (rwr) {
@@ -394,12 +419,16 @@ TEST_CASE("mirror: equals the provider's counters on real traffic (no CQ entries
       CHECK(crwr.value() == std::uint64_t(writes));
     }
     fi_cq_data_entry e;
-    CHECK(fi_cq_read(p->b.cq, &e, 1) == -FI_EAGAIN);  // none of it wrote a CQ entry
+    CHECK(fi_cq_read(p->b.cq, &e, 1) == -FI_EAGAIN); // none of it wrote a CQ entry
 
     // Errors: a too-small receive (tcp;ofi_rxm and sockets count it in the error value).
     if (prov == "tcp;ofi_rxm" || prov == "sockets") {
-      REQUIRE(p->post([&] { return fi_recv(p->b.ep, p->b.buf, 8, p->b.desc, FI_ADDR_UNSPEC, p->ctx()); }) == 0);
-      REQUIRE(p->post([&] { return fi_send(p->a.ep, p->a.buf, 64, p->a.desc, p->b.addr, p->ctx()); }) == 0);
+      REQUIRE(p->post([&] {
+        return fi_recv(p->b.ep, p->b.buf, 8, p->b.desc, FI_ADDR_UNSPEC, p->ctx());
+      }) == 0);
+      REQUIRE(p->post([&] {
+        return fi_send(p->a.ep, p->a.buf, 64, p->a.desc, p->b.addr, p->ctx());
+      }) == 0);
       // The mirror's own progress drives the provider (as a compcntr wait's hook would).
       compcntr_wait_attr wa{};
       wa.progress = compcntr_fi_mirror_progress_fn;

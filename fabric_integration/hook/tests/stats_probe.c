@@ -12,13 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(call)                                                               \
-	do {                                                                      \
-		int r_ = (call);                                                  \
-		if (r_) {                                                         \
-			fprintf(stderr, "%s: %s\n", #call, fi_strerror(-r_));     \
-			return 1;                                                 \
-		}                                                                 \
+#define CHECK(call)                                                                                \
+	do {                                                                                       \
+		int r_ = (call);                                                                   \
+		if (r_) {                                                                          \
+			fprintf(stderr, "%s: %s\n", #call, fi_strerror(-r_));                      \
+			return 1;                                                                  \
+		}                                                                                  \
 	} while (0)
 
 int main(int argc, char **argv)
@@ -37,8 +37,8 @@ int main(int argc, char **argv)
 	struct fid_av *av;
 	struct fid_ep *ep;
 	struct fid_cq *cq;
-	struct fi_av_attr aa = {.type = FI_AV_TABLE};
-	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_CONTEXT};
+	struct fi_av_attr aa = { .type = FI_AV_TABLE };
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_CONTEXT };
 	CHECK(fi_fabric(info->fabric_attr, &fabric, NULL));
 	CHECK(fi_domain(fabric, info, &domain, NULL));
 	CHECK(fi_av_open(domain, &aa, &av, NULL));
@@ -49,7 +49,8 @@ int main(int argc, char **argv)
 	struct fid_cntr *c[64];
 	int opened = 0;
 	for (int i = 0; i < count; i++) {
-		struct fi_cntr_attr attr = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_NONE};
+		struct fi_cntr_attr attr = { .events = FI_CNTR_EVENTS_COMP,
+			                     .wait_obj = FI_WAIT_NONE };
 		CHECK(fi_cntr_open(domain, &attr, &c[i], NULL));
 		opened++;
 	}

@@ -71,8 +71,10 @@ bool register_poller(poll_link& l) noexcept {
 void unregister_poller(poll_link& l) noexcept {
   slot_ext* e = l.s->ext.load(std::memory_order_acquire);
   std::lock_guard lock(e->mu);
-  if (l.prev != nullptr) l.prev->next = l.next;
-  else e->pollers = l.next;
+  if (l.prev != nullptr)
+    l.prev->next = l.next;
+  else
+    e->pollers = l.next;
   if (l.next != nullptr) l.next->prev = l.prev;
   l.prev = l.next = nullptr;
   l.linked = false;
@@ -102,7 +104,8 @@ void signal_fd(slot& s, slot_ext& e) noexcept {
   // first would let that arm clear the mark before the write lands, and no later arm would
   // ever drain the fd: it would stay readable and an epoll loop would spin.
   const std::uint64_t one = 1;
-  [[maybe_unused]] const ssize_t n = ::write(e.fd.load(std::memory_order_acquire), &one, sizeof one);
+  [[maybe_unused]] const ssize_t n =
+      ::write(e.fd.load(std::memory_order_acquire), &one, sizeof one);
   e.fd_signaled.store(true, std::memory_order_release);
 }
 
@@ -149,7 +152,8 @@ int slot_fd(slot& s, std::error_code& ec) noexcept {
       fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
       if (fd < 0) {
         const int err = errno;
-        fail_into(ec, err, "get_fd: eventfd() failed for counter %u: %s", s.index, std::strerror(err));
+        fail_into(ec, err, "get_fd: eventfd() failed for counter %u: %s", s.index,
+                  std::strerror(err));
         return -1;
       }
       e->fd.store(fd, std::memory_order_release);
@@ -166,14 +170,16 @@ slot_ext* arm_prepare(slot& s, const char* call, std::error_code& ec) noexcept {
   slot_ext* e = s.ext.load(std::memory_order_acquire);
   const int fd = e != nullptr ? e->fd.load(std::memory_order_acquire) : -1;
   if (fd < 0) {
-    fail_into(ec, EINVAL, "%s: counter %u has no pollable fd yet (get it first: "
-              "compcntr_comp_cntr_get_fd / compcntr::pollable_fd)", call, s.index);
+    fail_into(ec, EINVAL,
+              "%s: counter %u has no pollable fd yet (get it first: "
+              "compcntr_comp_cntr_get_fd / compcntr::pollable_fd)",
+              call, s.index);
     return nullptr;
   }
   return e;
 }
 
-}  // namespace
+} // namespace
 
 void arm_slot_fd_threshold(slot& s, std::uint64_t threshold, std::error_code& ec) noexcept {
   slot_ext* e = arm_prepare(s, "arm_fd_threshold", ec);
@@ -213,7 +219,7 @@ void arm_slot_fd(slot& s, std::error_code& ec) noexcept {
   ec.clear();
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 namespace compcntr {
 
@@ -235,10 +241,11 @@ void arm_fd(counter_view c, std::error_code& ec) noexcept {
 
 void arm_fd(counter_view c, std::uint64_t threshold, std::error_code& ec) noexcept {
   if (!c) {
-    detail::fail_into(ec, EINVAL, "arm_fd_threshold: the counter is empty (moved from or destroyed)");
+    detail::fail_into(ec, EINVAL,
+                      "arm_fd_threshold: the counter is empty (moved from or destroyed)");
     return;
   }
   detail::arm_slot_fd_threshold(*c.native_slot(), threshold, ec);
 }
 
-}  // namespace compcntr
+} // namespace compcntr

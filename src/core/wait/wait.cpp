@@ -121,9 +121,9 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check
 
   // 3. sleep in the kernel.
   if (!dl.started()) dl.start(clock::now());
-  const nanoseconds slice =
-      o.hook_interval > std::chrono::microseconds::zero() ? nanoseconds(o.hook_interval)
-                                                              : nanoseconds(default_hook_interval);
+  const nanoseconds slice = o.hook_interval > std::chrono::microseconds::zero()
+                                ? nanoseconds(o.hook_interval)
+                                : nanoseconds(default_hook_interval);
   for (;;) {
     const clock::time_point now = clock::now();
     if (dl.passed(now)) return timed_out;
@@ -213,8 +213,10 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
 #pragma clang loop unroll(full)
     for (unsigned k = 0; k < clock_stride; ++k) {
       cpu_relax();
-      if (value.load(std::memory_order_seq_cst) >= need) [[unlikely]] return std::errc{};
-      if (errors.load(std::memory_order_seq_cst) != err0) [[unlikely]] return std::errc::io_error;
+      if (value.load(std::memory_order_seq_cst) >= need) [[unlikely]]
+        return std::errc{};
+      if (errors.load(std::memory_order_seq_cst) != err0) [[unlikely]]
+        return std::errc::io_error;
     }
   }
 
@@ -241,15 +243,16 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   const std::atomic<std::uint64_t>& value = s.value;
   const std::atomic<std::uint64_t>& errors = s.errors;
   auto poll = [&](unsigned n) noexcept -> outcome {
-    if (o.hook != nullptr || refresh != nullptr || s.striped() ||
-        !dev.progress_sources().empty() || n != clock_stride) [[unlikely]]
+    if (o.hook != nullptr || refresh != nullptr || s.striped() || !dev.progress_sources().empty() ||
+        n != clock_stride) [[unlikely]]
       return poll_with(check, n);
-    const std::uint64_t b = base, m = mask, goal = need, e0 = err0;  // in registers
+    const std::uint64_t b = base, m = mask, goal = need, e0 = err0; // in registers
     if (b == 0 && m == ~std::uint64_t{0}) {
 #pragma clang loop unroll(full)
       for (unsigned k = 0; k < clock_stride; ++k) {
         cpu_relax();
-        if (value.load(std::memory_order_seq_cst) >= goal) [[unlikely]] return {true, std::errc{}, 0};
+        if (value.load(std::memory_order_seq_cst) >= goal) [[unlikely]]
+          return {true, std::errc{}, 0};
         if (errors.load(std::memory_order_seq_cst) != e0) [[unlikely]]
           return {true, std::errc::io_error, 0};
       }
@@ -271,10 +274,11 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
     // FUTEX_WAIT either finds the word changed or is woken (compcntr:slot, compcntr:wait).
     const std::uint32_t seq = s.wake_seq.load(std::memory_order_acquire);
     s.watch.fetch_add(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // registration before the checks below
+    std::atomic_thread_fence(std::memory_order_seq_cst); // registration before the checks below
     const outcome r = test();
     if (!r.done)
-      futex::wait(s.wake_seq, seq, sleep_cap(rel, slice, o.hook != nullptr, slot_needs_progress(s)));
+      futex::wait(s.wake_seq, seq,
+                  sleep_cap(rel, slice, o.hook != nullptr, slot_needs_progress(s)));
     s.watch.fetch_sub(1, std::memory_order_seq_cst);
     return r;
   };
@@ -311,8 +315,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
   if (n > small_poll) {
     big.reset(new (std::nothrow) poll_entry[n]);
     if (!big)
-      return {std::errc(fail(ENOMEM, "poll: out of memory for %zu counters' state", n).value()),
-              0};
+      return {std::errc(fail(ENOMEM, "poll: out of memory for %zu counters' state", n).value()), 0};
     e = big.get();
   }
   for (std::size_t i = 0; i < n; ++i) {
@@ -371,27 +374,29 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
       if (e[i].link.linked) unregister_poller(e[i].link);
     return r;
   };
-  const outcome r = run_phases(timeout_ms, o, check,
-                                [&](unsigned k) noexcept { return poll_with(check, k); }, sleep);
+  const outcome r = run_phases(
+      timeout_ms, o, check, [&](unsigned k) noexcept { return poll_with(check, k); }, sleep);
   if (r.ec == std::errc{}) poll_cursor = r.index + 1;
   return {r.ec, r.ec == std::errc::timed_out ? 0 : r.index};
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 namespace compcntr {
 
 namespace {
 poll_result length_mismatch(std::size_t counters, std::size_t thresholds) noexcept {
   return {std::errc(detail::fail(EINVAL, "poll_any: %zu counters but %zu thresholds", counters,
-                                 thresholds).value()),
+                                 thresholds)
+                        .value()),
           0};
 }
-}  // namespace
+} // namespace
 
 poll_result poll_any(std::span<const counter> counters, std::span<const std::uint64_t> thresholds,
                      std::chrono::milliseconds timeout, const wait_options& opts) noexcept {
-  if (counters.size() != thresholds.size()) return length_mismatch(counters.size(), thresholds.size());
+  if (counters.size() != thresholds.size())
+    return length_mismatch(counters.size(), thresholds.size());
   const detail::slot_list list{counters.data(), counters.size(),
                                [](const void* base, std::size_t i) noexcept -> detail::slot* {
                                  return static_cast<const counter*>(base)[i].native_slot();
@@ -399,9 +404,11 @@ poll_result poll_any(std::span<const counter> counters, std::span<const std::uin
   return detail::poll_slots(list, thresholds.data(), timeout.count(), opts);
 }
 
-poll_result poll_any(std::span<const counter_view> counters, std::span<const std::uint64_t> thresholds,
-                     std::chrono::milliseconds timeout, const wait_options& opts) noexcept {
-  if (counters.size() != thresholds.size()) return length_mismatch(counters.size(), thresholds.size());
+poll_result poll_any(std::span<const counter_view> counters,
+                     std::span<const std::uint64_t> thresholds, std::chrono::milliseconds timeout,
+                     const wait_options& opts) noexcept {
+  if (counters.size() != thresholds.size())
+    return length_mismatch(counters.size(), thresholds.size());
   const detail::slot_list list{counters.data(), counters.size(),
                                [](const void* base, std::size_t i) noexcept -> detail::slot* {
                                  return static_cast<const counter_view*>(base)[i].native_slot();
@@ -412,7 +419,8 @@ poll_result poll_any(std::span<const counter_view> counters, std::span<const std
 poll_result poll_any(std::span<const counter* const> counters,
                      std::span<const std::uint64_t> thresholds, std::chrono::milliseconds timeout,
                      const wait_options& opts) noexcept {
-  if (counters.size() != thresholds.size()) return length_mismatch(counters.size(), thresholds.size());
+  if (counters.size() != thresholds.size())
+    return length_mismatch(counters.size(), thresholds.size());
   const detail::slot_list list{counters.data(), counters.size(),
                                [](const void* base, std::size_t i) noexcept -> detail::slot* {
                                  const counter* c = static_cast<const counter* const*>(base)[i];
@@ -421,4 +429,4 @@ poll_result poll_any(std::span<const counter* const> counters,
   return detail::poll_slots(list, thresholds.data(), timeout.count(), opts);
 }
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -26,11 +26,11 @@ constexpr std::size_t issue_chunk = 256;
 /// keeps an issue-then-collect loop out of the kernel without burning a core when idle.
 constexpr auto get_spin = std::chrono::microseconds(20);
 
-
 /// Waits until a response is probably queued (spinning briefly first) or the fd polls
 /// readable, or fails with EAGAIN when the application made the fd non-blocking.
 /// false + ec on failure.
-bool wait_readable(const detail::cmd_comp_core& core, const char* call, std::error_code& ec) noexcept {
+bool wait_readable(const detail::cmd_comp_core& core, const char* call,
+                   std::error_code& ec) noexcept {
   if (core.orphaned()) {  // a forked child: nothing will ever arrive (try_get names the cause)
     query_response r;
     const_cast<detail::cmd_comp_core&>(core).try_get(std::span<query_response>(&r, 1), ec);
@@ -44,8 +44,10 @@ bool wait_readable(const detail::cmd_comp_core& core, const char* call, std::err
                              std::strerror(err));
   }
   if (flags & O_NONBLOCK)
-    return detail::fail_into(ec, EAGAIN, "%s: no response is queued and the cmd_comp fd is "
-                             "O_NONBLOCK", call);
+    return detail::fail_into(ec, EAGAIN,
+                             "%s: no response is queued and the cmd_comp fd is "
+                             "O_NONBLOCK",
+                             call);
   const auto spin_end = std::chrono::steady_clock::now() + get_spin;
   for (unsigned i = 1;; ++i) {
     if (core.probably_ready()) return true;
@@ -71,8 +73,8 @@ cmd_completion cmd_completion::create(const device& dev, std::error_code& ec) no
   detail::device_core* core = dev.core();
   // The device's own asynchronous commands if it has them (mlx5 DEVX), else the software engine.
   detail::command_capability* cap = core->be().commands();
-  detail::cmd_comp_core* c = cap != nullptr ? cap->create_cmd_comp(*core, ec)
-                                            : detail::make_engine_cmd_comp(*core, ec);
+  detail::cmd_comp_core* c =
+      cap != nullptr ? cap->create_cmd_comp(*core, ec) : detail::make_engine_cmd_comp(*core, ec);
   if (!c) {
     if (!ec) detail::fail_into(ec, ENOMEM, "create_cmd_comp: out of memory");
     return {};
@@ -88,7 +90,8 @@ std::error_code cmd_completion::query(counter_view c, std::uint64_t wr_id) noexc
   return ec;
 }
 
-std::size_t cmd_completion::query(std::span<const query_request> reqs, std::error_code& ec) noexcept {
+std::size_t cmd_completion::query(std::span<const query_request> reqs,
+                                  std::error_code& ec) noexcept {
   ec.clear();
   detail::slot_query chunk[issue_chunk];
   std::size_t done = 0;
@@ -104,7 +107,8 @@ std::size_t cmd_completion::query(std::span<const query_request> reqs, std::erro
       }
       chunk[m] = detail::slot_query{s, r.wr_id};
     }
-    const std::size_t accepted = m ? core_->issue(std::span<const detail::slot_query>(chunk, m), ec) : 0;
+    const std::size_t accepted =
+        m ? core_->issue(std::span<const detail::slot_query>(chunk, m), ec) : 0;
     done += accepted;
     if (ec) return done;
     if (bad != SIZE_MAX) {
@@ -112,8 +116,10 @@ std::size_t cmd_completion::query(std::span<const query_request> reqs, std::erro
       if (!r.c)
         detail::fail_into(ec, EINVAL, "query_comp_cntr_async: request %zu has no counter", bad);
       else
-        detail::fail_into(ec, EINVAL, "query_comp_cntr_async: counter %u belongs to another device "
-                          "than the cmd_comp", r.c.index());
+        detail::fail_into(ec, EINVAL,
+                          "query_comp_cntr_async: counter %u belongs to another device "
+                          "than the cmd_comp",
+                          r.c.index());
       return done;
     }
   }
@@ -143,8 +149,11 @@ query_response cmd_completion::get(std::error_code& ec) noexcept {
 int cmd_completion::get_raw(void* buf, std::size_t len) noexcept {
   constexpr std::size_t full = detail::async_cmd_header_bytes + detail::counter_query_out_bytes;
   if (len < detail::async_cmd_header_bytes)
-    return detail::fail(EINVAL, "get_async_cmd_comp: cmd_resp_len %zu is smaller than the response "
-                        "header (%zu bytes)", len, detail::async_cmd_header_bytes).value();
+    return detail::fail(EINVAL,
+                        "get_async_cmd_comp: cmd_resp_len %zu is smaller than the response "
+                        "header (%zu bytes)",
+                        len, detail::async_cmd_header_bytes)
+        .value();
   std::error_code ec;
   if (core_->orphaned()) [[unlikely]] {
     // A forked child: what try_get says (EOWNERDEAD, naming the cause), before any size check.
@@ -156,8 +165,11 @@ int cmd_completion::get_raw(void* buf, std::size_t len) noexcept {
     if (len < full) {
       // Checked against a queued response without taking it: it stays queued, fd unchanged.
       if (core_->ready())
-        return detail::fail(ENOSPC, "get_async_cmd_comp: cmd_resp_len %zu is too small for the "
-                            "queued response (%zu bytes); it stays queued", len, full).value();
+        return detail::fail(ENOSPC,
+                            "get_async_cmd_comp: cmd_resp_len %zu is too small for the "
+                            "queued response (%zu bytes); it stays queued",
+                            len, full)
+            .value();
     } else {
       query_response r;
       const std::size_t n = core_->try_get(std::span<query_response>(&r, 1), ec);

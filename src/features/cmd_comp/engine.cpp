@@ -54,7 +54,7 @@ std::atomic<std::uint32_t> fork_generation{0};
 
 void count_fork_in_child() noexcept { fork_generation.fetch_add(1, std::memory_order_relaxed); }
 
-}  // namespace
+} // namespace
 
 bool command_engine::foreign() const noexcept {
   return fork_gen_ != fork_generation.load(std::memory_order_relaxed);
@@ -62,14 +62,16 @@ bool command_engine::foreign() const noexcept {
 
 /// The EOWNERDEAD every engine-backed call of a forked child gets (docs/devices.md, FORK).
 std::error_code orphaned_error(const char* call, const command_engine& e) noexcept {
-  return fail(EOWNERDEAD, "%s: the device's command engine runs in process %d, which opened it; "
+  return fail(EOWNERDEAD,
+              "%s: the device's command engine runs in process %d, which opened it; "
               "after fork() this process (%d) has no such thread, so nothing would answer: open "
-              "a new device here", call, static_cast<int>(e.owner_pid()), static_cast<int>(::getpid()));
+              "a new device here",
+              call, static_cast<int>(e.owner_pid()), static_cast<int>(::getpid()));
 }
 
 command_engine* command_engine::start(const void* key, std::error_code& ec) noexcept {
   static const int atfork = ::pthread_atfork(nullptr, nullptr, count_fork_in_child);
-  (void)atfork;  // registration failure (ENOMEM) only loses the fork check
+  (void)atfork; // registration failure (ENOMEM) only loses the fork check
   auto* e = new (std::nothrow) command_engine(key);
   if (!e) {
     fail_into(ec, ENOMEM, "create_cmd_comp: out of memory for the command engine");
@@ -88,7 +90,7 @@ command_engine* command_engine::start(const void* key, std::error_code& ec) noex
     fail_into(ec, err.code().value() ? err.code().value() : EAGAIN,
               "create_cmd_comp: cannot start the command engine thread (%s)", err.what());
     return nullptr;
-  } catch (...) {  // std::bad_alloc: std::thread allocates its state before pthread_create
+  } catch (...) { // std::bad_alloc: std::thread allocates its state before pthread_create
     delete e;
     fail_into(ec, ENOMEM, "create_cmd_comp: out of memory starting the command engine thread");
     return nullptr;
@@ -122,8 +124,8 @@ void command_engine::submit(engine_cmd_comp* cc) noexcept {
   engine_cmd_comp* head = runq_.load(std::memory_order_relaxed);
   do {
     cc->run_next = head;
-  } while (!runq_.compare_exchange_weak(head, cc, std::memory_order_seq_cst,
-                                        std::memory_order_relaxed));
+  } while (
+      !runq_.compare_exchange_weak(head, cc, std::memory_order_seq_cst, std::memory_order_relaxed));
   if (sleeping_.load(std::memory_order_seq_cst) != 0) wake();
 }
 
@@ -136,7 +138,7 @@ void command_engine::run() noexcept {
                                 ? runq_.exchange(nullptr, std::memory_order_seq_cst)
                                 : nullptr;
     if (list != nullptr) {
-      engine_cmd_comp* fifo = nullptr;  // reverse: serve in submission order
+      engine_cmd_comp* fifo = nullptr; // reverse: serve in submission order
       while (list) {
         engine_cmd_comp* next = list->run_next;
         list->run_next = fifo;
@@ -144,7 +146,7 @@ void command_engine::run() noexcept {
         list = next;
       }
       while (fifo) {
-        engine_cmd_comp* next = fifo->run_next;  // serve/release may free `fifo`
+        engine_cmd_comp* next = fifo->run_next; // serve/release may free `fifo`
         fifo->serve();
         fifo->release();
         fifo = next;
@@ -192,13 +194,14 @@ std::size_t engine_cmd_comp::issue(std::span<const slot_query> q, std::error_cod
   std::uint32_t cur = outstanding_.load(std::memory_order_relaxed);
   std::uint32_t take;
   do {
-    take = static_cast<std::uint32_t>(
-        std::min<std::size_t>(q.size(), max_outstanding_queries - cur));
+    take =
+        static_cast<std::uint32_t>(std::min<std::size_t>(q.size(), max_outstanding_queries - cur));
     if (take == 0) break;
   } while (!outstanding_.compare_exchange_weak(cur, cur + take, std::memory_order_acquire,
                                                std::memory_order_relaxed));
   if (take == 0) {
-    fail_into(ec, EAGAIN, "query_comp_cntr_async: %u responses (%zu bytes, the 1 MiB limit) are "
+    fail_into(ec, EAGAIN,
+              "query_comp_cntr_async: %u responses (%zu bytes, the 1 MiB limit) are "
               "outstanding on this cmd_comp; collect some with get_async_cmd_comp first",
               max_outstanding_queries, max_unread_response_bytes);
     return 0;
@@ -214,7 +217,7 @@ std::size_t engine_cmd_comp::issue(std::span<const slot_query> q, std::error_cod
     newest = n;
     if (!oldest) oldest = n;
   }
-  unanswered_.fetch_add(take, std::memory_order_relaxed);  // ordered before the push below
+  unanswered_.fetch_add(take, std::memory_order_relaxed); // ordered before the push below
   query_node* head = pending_.load(std::memory_order_relaxed);
   do {
     oldest->next = head;
@@ -223,13 +226,14 @@ std::size_t engine_cmd_comp::issue(std::span<const slot_query> q, std::error_cod
   // Schedule unless already scheduled. seq_cst pairs with serve(): it clears `scheduled_` before
   // taking `pending_`, so either it takes our chain or we see the flag cleared and reschedule.
   if (!scheduled_.exchange(true, std::memory_order_seq_cst)) {
-    refs_.fetch_add(1, std::memory_order_relaxed);  // the engine's hold, dropped after serve()
+    refs_.fetch_add(1, std::memory_order_relaxed); // the engine's hold, dropped after serve()
     eng_->submit(this);
   }
   if (take < q.size())
-    fail_into(ec, EAGAIN, "query_comp_cntr_async: only %u of %zu queries accepted: the 1 MiB of "
-              "outstanding responses limit (%u queries) is reached", take, q.size(),
-              max_outstanding_queries);
+    fail_into(ec, EAGAIN,
+              "query_comp_cntr_async: only %u of %zu queries accepted: the 1 MiB of "
+              "outstanding responses limit (%u queries) is reached",
+              take, q.size(), max_outstanding_queries);
   return take;
 }
 
@@ -272,7 +276,7 @@ void engine_cmd_comp::answer(query_node* chain) noexcept {
                                            std::memory_order_relaxed));
     publish(count);
   }
-  unanswered_.fetch_sub(count, std::memory_order_release);  // destroy() may proceed after this
+  unanswered_.fetch_sub(count, std::memory_order_release); // destroy() may proceed after this
 }
 
 void engine_cmd_comp::publish(std::uint32_t k) noexcept {
@@ -329,7 +333,7 @@ std::size_t engine_cmd_comp::try_get(std::span<query_response> out, std::error_c
   for (std::size_t i = 0; i < n; ++i) {
     if (private_ == nullptr) {
       query_node* stack = ready_.exchange(nullptr, std::memory_order_acquire);
-      while (stack) {  // newest first -> oldest first
+      while (stack) { // newest first -> oldest first
         query_node* next = stack->next;
         stack->next = private_;
         private_ = stack;
@@ -375,7 +379,7 @@ void engine_cmd_comp::destroy() noexcept {
     ::close(efd_);
   }
   device_core* dev = dev_;
-  release();      // the owner's reference; the engine may still hold one (freed after serve())
+  release(); // the owner's reference; the engine may still hold one (freed after serve())
   dev->release(); // last: may close the device and stop the engine
 }
 
@@ -406,7 +410,7 @@ cmd_comp_core* make_engine_cmd_comp(device_core& dev, std::error_code& ec) noexc
 namespace {
 /// The key of the command engine among a device's services.
 constexpr char engine_service_key = 0;
-}  // namespace
+} // namespace
 
 command_engine* device_engine(device_core& dev, std::error_code& ec) noexcept {
   if (device_service* s = dev.find_service(&engine_service_key)) {
@@ -421,10 +425,10 @@ command_engine* device_engine(device_core& dev, std::error_code& ec) noexcept {
   if (!mine) return nullptr;
   device_service* winner = dev.add_service(*mine);
   if (winner != mine) {
-    mine->stop();  // another thread attached one first (rare): ours never served anything
+    mine->stop(); // another thread attached one first (rare): ours never served anything
     return static_cast<command_engine*>(winner);
   }
   return mine;
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -36,7 +36,6 @@
 
 namespace compcntr::detail {
 
-
 // ---- nodes ----------------------------------------------------------------------------------
 
 /// One query from issue to get. Lives in its cmd_comp's node_arena.
@@ -97,9 +96,7 @@ class node_arena {
 
  private:
   static constexpr std::size_t bytes() noexcept { return sizeof(query_node) * capacity; }
-  static std::uint64_t next_tag(std::uint64_t head) noexcept {
-    return ((head >> 32) + 1) << 32;
-  }
+  static std::uint64_t next_tag(std::uint64_t head) noexcept { return ((head >> 32) + 1) << 32; }
   query_node* pop_free() noexcept {
     std::uint64_t head = head_.load(std::memory_order_acquire);
     while (static_cast<std::uint32_t>(head) != 0) {
@@ -115,7 +112,7 @@ class node_arena {
   }
 
   query_node* nodes_ = nullptr;
-  alignas(false_sharing_range) std::atomic<std::uint64_t> head_{0};  ///< tag << 32 | (index + 1)
+  alignas(false_sharing_range) std::atomic<std::uint64_t> head_{0}; ///< tag << 32 | (index + 1)
   alignas(false_sharing_range) std::atomic<std::uint32_t> fresh_{0}; ///< next never-used index
 };
 
@@ -158,10 +155,10 @@ class command_engine final : public device_service {
 
   alignas(false_sharing_range) std::atomic<engine_cmd_comp*> runq_{nullptr};
   alignas(false_sharing_range) std::atomic<std::uint32_t> sleeping_{0};
-  std::atomic<std::uint32_t> wake_seq_{0};  ///< futex word
+  std::atomic<std::uint32_t> wake_seq_{0}; ///< futex word
   std::atomic<bool> stop_{false};
-  std::atomic<std::uint32_t> refs_{2};      ///< the device + the thread
-  std::uint32_t fork_gen_ = 0;              ///< fork generation at start (engine.cpp)
+  std::atomic<std::uint32_t> refs_{2}; ///< the device + the thread
+  std::uint32_t fork_gen_ = 0; ///< fork generation at start (engine.cpp)
   pid_t pid_ = 0;
   std::thread thread_;
 };
@@ -192,7 +189,7 @@ class engine_cmd_comp final : public cmd_comp_core {
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
 
-  engine_cmd_comp* run_next = nullptr;  ///< run-queue link, owned by the engine's queue
+  engine_cmd_comp* run_next = nullptr; ///< run-queue link, owned by the engine's queue
 
  private:
   ~engine_cmd_comp() = default;
@@ -213,27 +210,27 @@ class engine_cmd_comp final : public cmd_comp_core {
   // producers -> engine
   alignas(false_sharing_range) std::atomic<query_node*> pending_{nullptr};
   std::atomic<bool> scheduled_{false};
-  std::atomic<std::uint32_t> outstanding_{0};   ///< accepted, response not yet popped
-  std::atomic<std::uint32_t> unanswered_{0};    ///< accepted, not yet answered or discarded
+  std::atomic<std::uint32_t> outstanding_{0}; ///< accepted, response not yet popped
+  std::atomic<std::uint32_t> unanswered_{0}; ///< accepted, not yet answered or discarded
   // engine -> consumer
   alignas(false_sharing_range) std::atomic<query_node*> ready_{nullptr};
   std::atomic<std::uint32_t> ready_count_{0};
   // consumer
   alignas(false_sharing_range) std::mutex consumer_mu_;
-  query_node* private_ = nullptr;               ///< oldest first; guarded by consumer_mu_
+  query_node* private_ = nullptr; ///< oldest first; guarded by consumer_mu_
   // fd state
   mutable std::mutex signal_mu_;
-  bool signalled_ = false;                      ///< eventfd counter > 0; guarded by signal_mu_
-  bool closed_ = false;                         ///< fd closed by destroy; guarded by signal_mu_
+  bool signalled_ = false; ///< eventfd counter > 0; guarded by signal_mu_
+  bool closed_ = false; ///< fd closed by destroy; guarded by signal_mu_
   // lifetime
   std::atomic<bool> destroyed_{false};
-  std::atomic<std::uint32_t> refs_{1};          ///< owner + 1 while queued on the engine
+  std::atomic<std::uint32_t> refs_{1}; ///< owner + 1 while queued on the engine
 };
 
 /// The command engine of `dev`, started and attached on first use; nullptr + ec if it cannot
 /// start.
 command_engine* device_engine(device_core& dev, std::error_code& ec) noexcept;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 #endif

@@ -122,9 +122,11 @@ std::error_code mirror_refresher::watch(counter_view c) noexcept {
     return detail::fail(EINVAL, "mirror_refresher::watch: counter %u belongs to another device",
                         s->index);
   if (s->hw == nullptr || s->striped())
-    return detail::fail(EINVAL, "mirror_refresher::watch: counter %u is a software counter (plain "
+    return detail::fail(EINVAL,
+                        "mirror_refresher::watch: counter %u is a software counter (plain "
                         "or striped): its memory is the value itself, there is no device copy "
-                        "to refresh", s->index);
+                        "to refresh",
+                        s->index);
   std::lock_guard lock(st_->mu);
   if (st_->by_slot.count(s))
     return detail::fail(EEXIST, "mirror_refresher::watch: counter %u is already watched", s->index);

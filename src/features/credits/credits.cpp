@@ -90,11 +90,11 @@ class budget {
 // wraps past max_value on the way (or jumps over the goal and wraps, a multi-credit release)
 // still ends the wait. Sets `last` when the caller's timeout has passed: the check after this
 // wait is then the last one. Returns invalid_argument only for an empty counter.
-std::errc wait_for_more(counter_view c, std::uint64_t value, std::uint64_t need,
-                        std::uint64_t err0, std::uint64_t mask, budget& b, const wait_options& o,
-                        bool& last) noexcept {
+std::errc wait_for_more(counter_view c, std::uint64_t value, std::uint64_t need, std::uint64_t err0,
+                        std::uint64_t mask, budget& b, const wait_options& o, bool& last) noexcept {
   detail::slot* s = c.native_slot();
-  if (s == nullptr) [[unlikely]] return detail::wait_on_empty();
+  if (s == nullptr) [[unlikely]]
+    return detail::wait_on_empty();
   const std::errc w = detail::wait_slot(
       *s, {.base = value, .need = need, .mask = mask, .errors_seen = err0, .sample_errors = false},
       b.next().count(), o);
@@ -104,17 +104,19 @@ std::errc wait_for_more(counter_view c, std::uint64_t value, std::uint64_t need,
 
 std::errc inconsistent(const char* call, std::uint32_t peer, std::uint64_t issued,
                        std::uint64_t completed) noexcept {
-  return std::errc(detail::fail(EOVERFLOW, "%s: peer %u's counts are inconsistent: %llu "
+  return std::errc(detail::fail(EOVERFLOW,
+                                "%s: peer %u's counts are inconsistent: %llu "
                                 "credits completed but %llu issued (was its counter set() or "
-                                "fed completions that took no credit?)", call, peer,
-                                static_cast<unsigned long long>(completed),
-                                static_cast<unsigned long long>(issued)).value());
+                                "fed completions that took no credit?)",
+                                call, peer, static_cast<unsigned long long>(completed),
+                                static_cast<unsigned long long>(issued))
+                       .value());
 }
 
 }  // namespace
 
 std::uint64_t detail::check_credit_shape(const char* call, const device& dev, std::size_t npeers,
-                          std::uint64_t credits, std::error_code& ec) noexcept {
+                                         std::uint64_t credits, std::error_code& ec) noexcept {
   using detail::fail_into;
   if (!dev) return fail_into(ec, EINVAL, "%s: the device is empty", call), 0;
   if (npeers == 0) return fail_into(ec, EINVAL, "%s: npeers must be > 0", call), 0;
@@ -123,17 +125,21 @@ std::uint64_t detail::check_credit_shape(const char* call, const device& dev, st
   if (credits == 0) return fail_into(ec, EINVAL, "%s: credits_per_peer must be > 0", call), 0;
   const std::uint64_t mask = dev.caps().max_value;
   if (mask == 0 || (mask & (mask + 1)) != 0)
-    return fail_into(ec, ENOTSUP, "%s: the device's counters wrap at max_value %llu + 1, not a "
-                     "power of two: credit arithmetic needs one", call,
-                     static_cast<unsigned long long>(mask)), 0;
+    return fail_into(ec, ENOTSUP,
+                     "%s: the device's counters wrap at max_value %llu + 1, not a "
+                     "power of two: credit arithmetic needs one",
+                     call, static_cast<unsigned long long>(mask)),
+           0;
   // A quarter of the range (mask + 1) / 4, e.g. 2^62 on the software device (docs/credits.md):
   // outstanding counts then stay <= a quarter, far from the inconsistent half.
   const std::uint64_t quarter = mask >= 3 ? (mask >> 2) + 1 : 0;
   if (credits > quarter)
-    return fail_into(ec, EINVAL, "%s: credits_per_peer %llu is above a quarter of the counter "
+    return fail_into(ec, EINVAL,
+                     "%s: credits_per_peer %llu is above a quarter of the counter "
                      "range (%llu): outstanding counts could not be told from wrapped ones",
                      call, static_cast<unsigned long long>(credits),
-                     static_cast<unsigned long long>(quarter)), 0;
+                     static_cast<unsigned long long>(quarter)),
+           0;
   return mask;
 }
 
@@ -147,12 +153,16 @@ std::uint64_t detail::check_credit_windows(const char* call, const device& dev,
   const std::uint64_t quarter = (mask >> 2) + 1;  // as check_credit_shape: 2^62 on soft
   for (std::size_t i = 0; i < windows.size(); ++i) {
     if (windows[i] == 0)
-      return fail_into(ec, EINVAL, "%s: the window of peer %zu is 0 (each must be > 0)", call, i), 0;
+      return fail_into(ec, EINVAL, "%s: the window of peer %zu is 0 (each must be > 0)", call, i),
+             0;
     if (windows[i] > quarter)
-      return fail_into(ec, EINVAL, "%s: the window of peer %zu, %llu, is above a quarter of the "
+      return fail_into(ec, EINVAL,
+                       "%s: the window of peer %zu, %llu, is above a quarter of the "
                        "counter range (%llu): outstanding counts could not be told from wrapped "
-                       "ones", call, i, static_cast<unsigned long long>(windows[i]),
-                       static_cast<unsigned long long>(quarter)), 0;
+                       "ones",
+                       call, i, static_cast<unsigned long long>(windows[i]),
+                       static_cast<unsigned long long>(quarter)),
+             0;
   }
   return mask;
 }
@@ -173,13 +183,15 @@ credit_tracker credit_tracker::create(device& dev, std::span<const std::uint64_t
   return make(dev, static_cast<std::uint32_t>(windows.size()), windows.data(), 0, mask, ec);
 }
 
-credit_tracker credit_tracker::make(device& dev, std::uint32_t npeers,
-                                    const std::uint64_t* windows, std::uint64_t credits,
-                                    std::uint64_t mask, std::error_code& ec) noexcept {
+credit_tracker credit_tracker::make(device& dev, std::uint32_t npeers, const std::uint64_t* windows,
+                                    std::uint64_t credits, std::uint64_t mask,
+                                    std::error_code& ec) noexcept {
   const counter_caps caps = dev.caps();
   if (npeers > caps.max_counters - std::min(caps.max_counters, dev.live_counters())) {
-    detail::fail_into(ec, ENOMEM, "credits_create: %u peers need %u counters, the device has "
-                      "room for %u more", npeers, npeers,
+    detail::fail_into(ec, ENOMEM,
+                      "credits_create: %u peers need %u counters, the device has "
+                      "room for %u more",
+                      npeers, npeers,
                       caps.max_counters - std::min(caps.max_counters, dev.live_counters()));
     return {};
   }
@@ -231,8 +243,10 @@ bool adopt_views(const device& dev, std::size_t n, At at, std::uint64_t credits_
       return false;
     }
     if (c.type() != counter_type::wrs) {
-      detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu counts bytes: credits need a WRS "
-                        "counter (one completion or error per operation)", i);
+      detail::fail_into(ec, EINVAL,
+                        "credits_adopt: counter %zu counts bytes: credits need a WRS "
+                        "counter (one completion or error per operation)",
+                        i);
       return false;
     }
   }
@@ -255,9 +269,11 @@ bool adopt_views(const device& dev, std::size_t n, At at, std::uint64_t credits_
     });
     for (std::size_t k = 1; k < n; ++k)
       if (e[k].s == e[k - 1].s) {
-        detail::fail_into(ec, EINVAL, "credits_adopt: counters %zu and %zu are the same counter "
+        detail::fail_into(ec, EINVAL,
+                          "credits_adopt: counters %zu and %zu are the same counter "
                           "(each peer needs its own: a shared one would return one peer's "
-                          "credits for the other's completions)", e[k - 1].i, e[k].i);
+                          "credits for the other's completions)",
+                          e[k - 1].i, e[k].i);
         return false;
       }
   }
@@ -278,14 +294,14 @@ bool adopt_views(const device& dev, std::size_t n, At at, std::uint64_t credits_
   }
   return true;
 }
-}  // namespace
+} // namespace
 
 credit_tracker credit_tracker::adopt(const device& dev, std::span<const counter_view> counters,
-                                     std::uint64_t credits_per_peer,
-                                     std::error_code& ec) noexcept {
+                                     std::uint64_t credits_per_peer, std::error_code& ec) noexcept {
   credit_tracker t;
-  if (!adopt_views(dev, counters.size(), [&](std::size_t i) noexcept { return counters[i]; },
-                   credits_per_peer, nullptr, ec, t.peers_, t.mask_, t.credits_))
+  if (!adopt_views(
+          dev, counters.size(), [&](std::size_t i) noexcept { return counters[i]; },
+          credits_per_peer, nullptr, ec, t.peers_, t.mask_, t.credits_))
     return {};
   t.npeers_ = static_cast<std::uint32_t>(counters.size());
   ec.clear();
@@ -301,8 +317,9 @@ credit_tracker credit_tracker::adopt(const device& dev, std::span<const counter_
     return {};
   }
   credit_tracker t;
-  if (!adopt_views(dev, counters.size(), [&](std::size_t i) noexcept { return counters[i]; }, 0,
-                   windows.data(), ec, t.peers_, t.mask_, t.credits_))
+  if (!adopt_views(
+          dev, counters.size(), [&](std::size_t i) noexcept { return counters[i]; }, 0,
+          windows.data(), ec, t.peers_, t.mask_, t.credits_))
     return {};
   t.npeers_ = static_cast<std::uint32_t>(counters.size());
   ec.clear();
@@ -318,11 +335,12 @@ credit_tracker credit_tracker::adopt(const device& dev, std::span<counter* const
     return {};
   }
   credit_tracker t;
-  if (!adopt_views(dev, counters.size(),
-                   [&](std::size_t i) noexcept {
-                     return counters[i] != nullptr ? counters[i]->view() : counter_view();
-                   },
-                   0, windows.data(), ec, t.peers_, t.mask_, t.credits_))
+  if (!adopt_views(
+          dev, counters.size(),
+          [&](std::size_t i) noexcept {
+            return counters[i] != nullptr ? counters[i]->view() : counter_view();
+          },
+          0, windows.data(), ec, t.peers_, t.mask_, t.credits_))
     return {};
   t.npeers_ = static_cast<std::uint32_t>(counters.size());
   ec.clear();
@@ -330,14 +348,14 @@ credit_tracker credit_tracker::adopt(const device& dev, std::span<counter* const
 }
 
 credit_tracker credit_tracker::adopt(const device& dev, std::span<counter* const> counters,
-                                     std::uint64_t credits_per_peer,
-                                     std::error_code& ec) noexcept {
+                                     std::uint64_t credits_per_peer, std::error_code& ec) noexcept {
   credit_tracker t;
-  if (!adopt_views(dev, counters.size(),
-                   [&](std::size_t i) noexcept {
-                     return counters[i] != nullptr ? counters[i]->view() : counter_view();
-                   },
-                   credits_per_peer, nullptr, ec, t.peers_, t.mask_, t.credits_))
+  if (!adopt_views(
+          dev, counters.size(),
+          [&](std::size_t i) noexcept {
+            return counters[i] != nullptr ? counters[i]->view() : counter_view();
+          },
+          credits_per_peer, nullptr, ec, t.peers_, t.mask_, t.credits_))
     return {};
   t.npeers_ = static_cast<std::uint32_t>(counters.size());
   ec.clear();
@@ -352,15 +370,16 @@ std::errc credit_tracker::bad_request(const char* call, std::uint32_t peer,
     return std::errc(
         fail(EINVAL, "%s: peer %u out of range (%u peers)", call, peer, npeers_).value());
   if (n == 0) return std::errc(fail(EINVAL, "%s: n must be > 0", call).value());
-  return std::errc(fail(EINVAL, "%s: n = %llu is more than credits_per_peer (%llu, peer %u's "
-                        "window): it could never be satisfied", call,
-                        static_cast<unsigned long long>(n),
-                        static_cast<unsigned long long>(peers_[peer]->window), peer).value());
+  return std::errc(fail(EINVAL,
+                        "%s: n = %llu is more than credits_per_peer (%llu, peer %u's "
+                        "window): it could never be satisfied",
+                        call, static_cast<unsigned long long>(n),
+                        static_cast<unsigned long long>(peers_[peer]->window), peer)
+                       .value());
 }
 
-std::errc credit_tracker::acquire_slow(std::uint32_t peer, std::uint64_t n,
-                                       detail::credit_check r, std::int64_t timeout_ms,
-                                       const wait_options& opts) noexcept {
+std::errc credit_tracker::acquire_slow(std::uint32_t peer, std::uint64_t n, detail::credit_check r,
+                                       std::int64_t timeout_ms, const wait_options& opts) noexcept {
   detail::credit_peer& p = *peers_[peer];
   // The first check's error count is the call's baseline: a change after it is "during the
   // call". wait_since() compares with it directly, so no change can slip between a check here
@@ -378,10 +397,9 @@ std::errc credit_tracker::acquire_slow(std::uint32_t peer, std::uint64_t n,
     if (errors_changed || r.errors != err0) return std::errc::io_error;
     if (last) return std::errc::timed_out;
     // n more credits are free once `need` more operations completed, errors staying err0.
-    const std::uint64_t need = r.outstanding + n - p.window;  // >= 1, no overflow
-    const std::errc w =
-        wait_for_more(p.c, r.value, need, err0, mask_, b, opts, last);
-    if (w == std::errc::invalid_argument) return w;  // an empty counter (misuse)
+    const std::uint64_t need = r.outstanding + n - p.window; // >= 1, no overflow
+    const std::errc w = wait_for_more(p.c, r.value, need, err0, mask_, b, opts, last);
+    if (w == std::errc::invalid_argument) return w; // an empty counter (misuse)
     errors_changed = w == std::errc::io_error;
     r = try_take(p, n);
   }
@@ -403,9 +421,12 @@ std::errc credit_tracker::release(std::uint32_t peer, std::uint64_t n) noexcept 
   if (out > (mask_ >> 1)) {
     r = inconsistent("release", peer, i & mask_, (v + e) & mask_);
   } else if (n > out) {
-    r = std::errc(detail::fail(EINVAL, "release: %llu credit(s) of peer %u but only %llu "
-                               "outstanding", static_cast<unsigned long long>(n), peer,
-                               static_cast<unsigned long long>(out)).value());
+    r = std::errc(detail::fail(EINVAL,
+                               "release: %llu credit(s) of peer %u but only %llu "
+                               "outstanding",
+                               static_cast<unsigned long long>(n), peer,
+                               static_cast<unsigned long long>(out))
+                      .value());
   } else {
     p.c.add(n);
   }
@@ -414,7 +435,8 @@ std::errc credit_tracker::release(std::uint32_t peer, std::uint64_t n) noexcept 
 }
 
 std::errc credit_tracker::outstanding(std::uint32_t peer, std::uint64_t& out) const noexcept {
-  if (peer >= npeers_) [[unlikely]] return bad_request("outstanding", peer, 1);
+  if (peer >= npeers_) [[unlikely]]
+    return bad_request("outstanding", peer, 1);
   const counter_view c = peers_[peer]->c;
   const std::uint64_t done = c.value() + c.errors();
   const std::uint64_t i = peers_[peer]->issued.load(std::memory_order_relaxed);
@@ -426,7 +448,8 @@ std::errc credit_tracker::outstanding(std::uint32_t peer, std::uint64_t& out) co
 
 std::errc credit_tracker::flush(std::uint32_t peer, std::chrono::milliseconds timeout,
                                 const wait_options& opts) noexcept {
-  if (peer >= npeers_) [[unlikely]] return bad_request("flush", peer, 1);
+  if (peer >= npeers_) [[unlikely]]
+    return bad_request("flush", peer, 1);
   detail::credit_peer& p = *peers_[peer];
   // Every acquire that happened before this call is in this load (coherence).
   const std::uint64_t target = p.issued.load(std::memory_order_relaxed);
@@ -450,4 +473,4 @@ std::errc credit_tracker::flush(std::uint32_t peer, std::chrono::milliseconds ti
   }
 }
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -43,10 +43,11 @@ std::error_code qp_impl::attach(slot& s, const attach_options& o) noexcept {
   if (o.op_mask == 0) return fail(EINVAL, "qp_attach_comp_cntr: op_mask is empty");
   const std::uint32_t supported = supported_ops();
   if (const std::uint32_t bad = o.op_mask & ~supported)
-    return fail(ENOTSUP,
-                "qp_attach_comp_cntr: op bit(s) 0x%x not supported on QP %u (supported_qp_attach_ops"
-                " 0x%x)",
-                bad, qp_num_, supported);
+    return fail(
+        ENOTSUP,
+        "qp_attach_comp_cntr: op bit(s) 0x%x not supported on QP %u (supported_qp_attach_ops"
+        " 0x%x)",
+        bad, qp_num_, supported);
   if (s.owner != dev_)
     return fail(EINVAL, "qp_attach_comp_cntr: counter %u belongs to another device than QP %u",
                 s.index, qp_num_);
@@ -54,8 +55,8 @@ std::error_code qp_impl::attach(slot& s, const attach_options& o) noexcept {
   std::lock_guard<std::mutex> g(ctl_);
   const qp_state st = state();
   if (st != qp_state::reset && st != qp_state::init)
-    return fail(EINVAL, "qp_attach_comp_cntr: QP %u is in %s; attach needs RESET or INIT",
-                qp_num_, qp_state_name(st));
+    return fail(EINVAL, "qp_attach_comp_cntr: QP %u is in %s; attach needs RESET or INIT", qp_num_,
+                qp_state_name(st));
   std::uint32_t busy = 0;
   for (unsigned i = 0; i < attach_op_count; ++i)
     if ((o.op_mask >> i & 1u) && served_[i].load(std::memory_order_relaxed) != nullptr)
@@ -83,7 +84,7 @@ std::error_code qp_impl::attach(slot& s, const attach_options& o) noexcept {
     if (!have) unref_counter_slot(s);
     return e;
   }
-  if (!have) attached_.push_back(&s);  // capacity reserved above: cannot throw
+  if (!have) attached_.push_back(&s); // capacity reserved above: cannot throw
   for (unsigned i = 0; i < attach_op_count; ++i)
     if (o.op_mask >> i & 1u) served_[i].store(&s, std::memory_order_release);
   // A waiter asleep on the counter may not know it now depends on this QP's progress source
@@ -100,7 +101,8 @@ std::error_code qp_impl::connect(qp_impl&) noexcept {
 std::error_code qp_impl::post_recv(std::uint64_t, void*, std::size_t, std::uint32_t) noexcept {
   return fail(ENOTSUP, "post_recv: QP %u is a wrapped verbs QP; post on the ibv_qp", qp_num_);
 }
-std::error_code qp_impl::post_send(std::uint64_t, const void*, std::size_t, std::uint32_t) noexcept {
+std::error_code qp_impl::post_send(std::uint64_t, const void*, std::size_t,
+                                   std::uint32_t) noexcept {
   return fail(ENOTSUP, "post_send: QP %u is a wrapped verbs QP; post on the ibv_qp", qp_num_);
 }
 std::error_code qp_impl::post_rdma_write(std::uint64_t, const void*, std::size_t, std::uint32_t,
@@ -113,7 +115,7 @@ std::error_code qp_impl::post_rdma_read(std::uint64_t, void*, std::size_t, std::
 }
 
 void qp_impl::destroy() noexcept {
-  shutdown();  // from here on nobody completes into this QP's counters
+  shutdown(); // from here on nobody completes into this QP's counters
   std::vector<slot*> refs;
   {
     std::lock_guard<std::mutex> g(ctl_);
@@ -125,7 +127,7 @@ void qp_impl::destroy() noexcept {
   dev->release();
 }
 
-}  // namespace detail
+} // namespace detail
 
 // ---- compcntr::qp ----
 
@@ -141,7 +143,7 @@ void assign(std::error_code& ec, std::error_code e) noexcept {
   else
     ec.clear();
 }
-}  // namespace
+} // namespace
 
 void qp::modify(qp_state to, std::error_code& ec) noexcept {
   if (empty_qp(q_, "modify_qp", ec)) return;
@@ -179,13 +181,15 @@ void qp::post_send(std::uint64_t wr_id, const void* addr, std::size_t len, std::
 }
 
 void qp::post_rdma_write(std::uint64_t wr_id, const void* addr, std::size_t len, std::uint32_t lkey,
-                         std::uint64_t remote_addr, std::uint32_t rkey, std::error_code& ec) noexcept {
+                         std::uint64_t remote_addr, std::uint32_t rkey,
+                         std::error_code& ec) noexcept {
   if (empty_qp(q_, "post_rdma_write", ec)) return;
   assign(ec, q_->post_rdma_write(wr_id, addr, len, lkey, remote_addr, rkey));
 }
 
 void qp::post_rdma_read(std::uint64_t wr_id, void* addr, std::size_t len, std::uint32_t lkey,
-                        std::uint64_t remote_addr, std::uint32_t rkey, std::error_code& ec) noexcept {
+                        std::uint64_t remote_addr, std::uint32_t rkey,
+                        std::error_code& ec) noexcept {
   if (empty_qp(q_, "post_rdma_read", ec)) return;
   assign(ec, q_->post_rdma_read(wr_id, addr, len, lkey, remote_addr, rkey));
 }
@@ -201,8 +205,10 @@ void qp::destroy(std::error_code& ec) noexcept {
 qp device::create_qp(std::error_code& ec) noexcept {
   detail::qp_capability* cap = core_->be().qps();
   if (cap == nullptr) {
-    detail::fail_into(ec, ENOTSUP, "create_qp: device '%.*s' has no software QPs; wrap your own "
-                      "ibv_qp (wrap_verbs_qp)", static_cast<int>(name().size()), name().data());
+    detail::fail_into(ec, ENOTSUP,
+                      "create_qp: device '%.*s' has no software QPs; wrap your own "
+                      "ibv_qp (wrap_verbs_qp)",
+                      static_cast<int>(name().size()), name().data());
     return {};
   }
   detail::qp_impl* q = cap->create_qp(*core_, ec);
@@ -215,8 +221,10 @@ memory_region device::reg_mr(void* addr, std::size_t length, std::uint32_t acces
                              std::error_code& ec) noexcept {
   detail::qp_capability* cap = core_->be().qps();
   if (cap == nullptr) {
-    detail::fail_into(ec, ENOTSUP, "reg_mr: device '%.*s' has no software memory registration; "
-                      "use ibv_reg_mr", static_cast<int>(name().size()), name().data());
+    detail::fail_into(ec, ENOTSUP,
+                      "reg_mr: device '%.*s' has no software memory registration; "
+                      "use ibv_reg_mr",
+                      static_cast<int>(name().size()), name().data());
     return {};
   }
   detail::mr_impl* m = cap->reg_mr(*core_, addr, length, access, ec);
@@ -232,4 +240,4 @@ qp device::wrap_verbs_qp(ibv_qp* vqp, const verbs_qp_options& opts, std::error_c
   return qp(q);
 }
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -27,7 +27,7 @@ class soft_memory {
  public:
   std::shared_mutex mu;
   std::unordered_map<std::uint32_t, mr_impl*> by_key;  ///< lkey and rkey -> region; guarded by mu
-  std::uint32_t next = 1;                               ///< next registration number; guarded by mu
+  std::uint32_t next = 1; ///< next registration number; guarded by mu
 };
 
 namespace {
@@ -41,7 +41,7 @@ class soft_mr final : public mr_impl {
 
   void dereg() noexcept override {
     {
-      std::unique_lock<std::shared_mutex> lk(mem_.mu);  // waits for copies in progress
+      std::unique_lock<std::shared_mutex> lk(mem_.mu); // waits for copies in progress
       mem_.by_key.erase(lkey);
       mem_.by_key.erase(rkey);
     }
@@ -55,7 +55,7 @@ class soft_mr final : public mr_impl {
   soft_memory& mem_;
 };
 
-}  // namespace
+} // namespace
 
 soft_memory* make_soft_memory() noexcept { return new (std::nothrow) soft_memory; }
 void delete_soft_memory(soft_memory* m) noexcept { delete m; }
@@ -71,7 +71,8 @@ mr_impl* soft_reg_mr(device_core& dev, soft_memory& mem, void* addr, std::size_t
     return fail_into(ec, EINVAL, "reg_mr: unknown access bit(s) 0x%x", access_bits & ~access::all),
            nullptr;
   if ((access_bits & access::remote_write) && !(access_bits & access::local_write))
-    return fail_into(ec, EINVAL, "reg_mr: remote_write needs local_write too (verbs rule)"), nullptr;
+    return fail_into(ec, EINVAL, "reg_mr: remote_write needs local_write too (verbs rule)"),
+           nullptr;
 
   auto* m = new (std::nothrow) soft_mr(dev, mem);
   if (!m) return fail_into(ec, ENOMEM, "reg_mr: out of memory"), nullptr;
@@ -128,7 +129,7 @@ void* soft_memory_resolve(soft_memory& m, std::uint32_t key, bool remote, std::u
     return nullptr;
   }
   if (const std::uint32_t missing = need & ~r.access) {
-    *why = (missing & access::remote_write) ? "region lacks remote_write access"
+    *why = (missing & access::remote_write)  ? "region lacks remote_write access"
            : (missing & access::remote_read) ? "region lacks remote_read access"
                                              : "region lacks local_write access";
     return nullptr;
@@ -141,4 +142,4 @@ void* soft_memory_resolve(soft_memory& m, std::uint32_t key, bool remote, std::u
   return reinterpret_cast<void*>(addr);
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

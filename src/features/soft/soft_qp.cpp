@@ -117,7 +117,6 @@ class soft_qp final : public qp_impl {
   std::atomic<const char*> last_error_{""};
 };
 
-
 std::error_code soft_qp::modify(qp_state to) noexcept {
   std::lock_guard<std::mutex> g(ctl_);
   const qp_state from = state_.load(std::memory_order_relaxed);
@@ -139,17 +138,18 @@ std::error_code soft_qp::modify(qp_state to) noexcept {
       break;
     case qp_state::rts:
       if (from == qp_state::init)
-        return fail(EINVAL, "modify_qp: QP %u: on the software device INIT -> RTS happens by "
-                    "connect_qp (it pairs the QP with its peer)", qp_num());
+        return fail(EINVAL,
+                    "modify_qp: QP %u: on the software device INIT -> RTS happens by "
+                    "connect_qp (it pairs the QP with its peer)",
+                    qp_num());
       break;
-    case qp_state::reset:
-      break;
-    default:
-      return fail(EINVAL, "modify_qp: unknown state %u", static_cast<unsigned>(to));
+    case qp_state::reset: break;
+    default: return fail(EINVAL, "modify_qp: unknown state %u", static_cast<unsigned>(to));
   }
-  return fail(EINVAL, "modify_qp: QP %u cannot go from %s to %s (allowed: RESET -> INIT, "
-              "INIT -> RTS by connect_qp, any -> ERR)", qp_num(), qp_state_name(from),
-              qp_state_name(to));
+  return fail(EINVAL,
+              "modify_qp: QP %u cannot go from %s to %s (allowed: RESET -> INIT, "
+              "INIT -> RTS by connect_qp, any -> ERR)",
+              qp_num(), qp_state_name(from), qp_state_name(to));
 }
 
 std::error_code soft_qp::connect(qp_impl& peer_impl) noexcept {
@@ -204,8 +204,7 @@ std::error_code soft_qp::check_post(const char* call, const void* addr, std::siz
   if (addr == nullptr && len != 0) return fail(EINVAL, "%s: addr is NULL (len %zu)", call, len);
   const qp_state s = state();
   if (s != qp_state::rts)
-    return fail(EINVAL, "%s: QP %u is in %s; posting needs RTS", call, qp_num(),
-                qp_state_name(s));
+    return fail(EINVAL, "%s: QP %u is in %s; posting needs RTS", call, qp_num(), qp_state_name(s));
   return {};
 }
 
@@ -230,7 +229,8 @@ void soft_qp::fail_qp(soft_qp& q) noexcept {
   q.recvs_.clear();
   q.sends_.clear();
   if (soft_qp* p = q.peer_; p && !p->sends_.empty()) {
-    p->last_error_.store("peer QP entered ERR with sends waiting for it", std::memory_order_relaxed);
+    p->last_error_.store("peer QP entered ERR with sends waiting for it",
+                         std::memory_order_relaxed);
     fail_qp(*p);
   }
 }
@@ -243,8 +243,8 @@ soft_qp::delivery soft_qp::deliver(soft_qp& sender, const send_wr& s, soft_qp& r
     sender.fail_request(attach_op::send, why);
     return delivery::receive_not_consumed;
   }
-  const bool dst_ok = receiver.local(r.lkey, r.addr, s.len <= r.len ? s.len : r.len,
-                                     access::local_write, &why);
+  const bool dst_ok =
+      receiver.local(r.lkey, r.addr, s.len <= r.len ? s.len : r.len, access::local_write, &why);
   if (!dst_ok || s.len > r.len) {
     // The receiver cannot take the message: both requests fail, both QPs enter ERR.
     if (s.len > r.len) why = "message longer than the receive buffer";
@@ -379,7 +379,8 @@ qp_impl* make_soft_qp(device_core& dev, soft_memory& mem, std::error_code& ec) n
   // 15, defect 1: it used to escape a noexcept constructor, std::terminate) comes after the
   // qp_impl base took its device reference, which ~qp_impl does not drop: undo it here.
   constexpr bool over_aligned = alignof(soft_qp) > __STDCPP_DEFAULT_NEW_ALIGNMENT__;
-  void* raw = over_aligned ? ::operator new(sizeof(soft_qp), std::align_val_t(alignof(soft_qp)), std::nothrow)
+  void* raw = over_aligned ? ::operator new(sizeof(soft_qp), std::align_val_t(alignof(soft_qp)),
+                                            std::nothrow)
                            : ::operator new(sizeof(soft_qp), std::nothrow);
   if (!raw) {
     fail_into(ec, ENOMEM, "create_qp: out of memory");

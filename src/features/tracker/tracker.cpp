@@ -46,21 +46,24 @@ class budget {
 completion_tracker completion_tracker::create(const device& dev, counter_view c,
                                               std::error_code& ec) noexcept {
   using detail::fail_into;
-  if (!dev) return fail_into(ec, EINVAL, "tracker_create: the device is empty"), completion_tracker{};
+  if (!dev)
+    return fail_into(ec, EINVAL, "tracker_create: the device is empty"), completion_tracker{};
   if (!c)
     return fail_into(ec, EINVAL, "tracker_create: the counter is empty (moved from or destroyed)"),
            completion_tracker{};
   if (c.native_slot()->owner != dev.core())
-    return fail_into(ec, EINVAL, "tracker_create: counter %u belongs to another device",
-                     c.index()),
+    return fail_into(ec, EINVAL, "tracker_create: counter %u belongs to another device", c.index()),
            completion_tracker{};
   if (c.type() != counter_type::wrs)
-    return fail_into(ec, EINVAL, "tracker_create: counter %u counts bytes: a completion tracker "
-                     "needs a WRS counter (one completion or error per operation)", c.index()),
+    return fail_into(ec, EINVAL,
+                     "tracker_create: counter %u counts bytes: a completion tracker "
+                     "needs a WRS counter (one completion or error per operation)",
+                     c.index()),
            completion_tracker{};
   const std::uint64_t mask = dev.caps().max_value;
   if (mask == 0 || (mask & (mask + 1)) != 0)
-    return fail_into(ec, ENOTSUP, "tracker_create: the device's counters wrap at max_value "
+    return fail_into(ec, ENOTSUP,
+                     "tracker_create: the device's counters wrap at max_value "
                      "%llu + 1, not a power of two: tracker arithmetic needs one",
                      static_cast<unsigned long long>(mask)),
            completion_tracker{};
@@ -87,10 +90,12 @@ std::errc completion_tracker::bad_issue(std::uint64_t n) const noexcept {
   using detail::fail;
   if (s_ == nullptr)
     return std::errc(fail(EINVAL, "tracker: the completion tracker is empty").value());
-  return std::errc(fail(EINVAL, "tracker_issue: n = %llu is above a quarter of the counter range "
+  return std::errc(fail(EINVAL,
+                        "tracker_issue: n = %llu is above a quarter of the counter range "
                         "(%llu): outstanding counts could not be told from wrapped ones",
                         static_cast<unsigned long long>(n),
-                        static_cast<unsigned long long>((s_->mask >> 2) + 1)).value());
+                        static_cast<unsigned long long>((s_->mask >> 2) + 1))
+                       .value());
 }
 
 std::errc completion_tracker::report(std::uint64_t e) noexcept {

@@ -87,7 +87,7 @@ bool query_sync(slot& s, std::uint64_t& count) noexcept {
   build_query(in, fc_of(s).id);
   unsigned char out[query_out_bytes] = {};
   if (mlx5dv_devx_obj_query(fc_of(s).obj, in, sizeof in, out, sizeof out) != 0) return false;
-  if (out[0] != 0) return false;  // status
+  if (out[0] != 0) return false; // status
   count = device_count(s, out);
   return true;
 }
@@ -98,7 +98,7 @@ const hw_counter_ops flow_counter_ops = {
     .set =
         [](slot& s, std::uint64_t v) noexcept {
           std::uint64_t count = 0;
-          if (query_sync(s, count)) fc_of(s).comp_offset.store(v - count);  // wraps like a counter
+          if (query_sync(s, count)) fc_of(s).comp_offset.store(v - count); // wraps like a counter
         },
     .set_error = [](slot& s, std::uint64_t v) noexcept { fc_of(s).err_offset.store(v); },
     .refresh =
@@ -115,7 +115,8 @@ bool is_flow_counter(const slot& s) noexcept { return s.hw == &flow_counter_ops;
 
 class devx_cmd_comp final : public cmd_comp_core {
  public:
-  devx_cmd_comp(device_core& dev, mlx5dv_devx_cmd_comp* devx, cmd_comp_core* host, int epfd) noexcept
+  devx_cmd_comp(device_core& dev, mlx5dv_devx_cmd_comp* devx, cmd_comp_core* host,
+                int epfd) noexcept
       : cmd_comp_core(dev), devx_(devx), host_(host), epfd_(epfd) {}
 
   int fd() const noexcept override { return epfd_; }
@@ -146,7 +147,7 @@ class devx_cmd_comp final : public cmd_comp_core {
       alignas(8) unsigned char buf[sizeof(mlx5dv_devx_async_cmd_hdr) + query_out_bytes];
       auto* hdr = reinterpret_cast<mlx5dv_devx_async_cmd_hdr*>(buf);
       const int err = mlx5dv_devx_get_async_cmd_comp(devx_, hdr, sizeof buf);
-      if (err == EAGAIN || err == EWOULDBLOCK) break;  // our DEVX fd is O_NONBLOCK
+      if (err == EAGAIN || err == EWOULDBLOCK) break; // our DEVX fd is O_NONBLOCK
       if (err != 0) {
         fail_into(ec, err, "get_async_cmd_comp: mlx5dv_devx_get_async_cmd_comp failed: %s",
                   std::strerror(err));
@@ -154,17 +155,19 @@ class devx_cmd_comp final : public cmd_comp_core {
       }
       const token t = take_token(static_cast<std::uint32_t>(hdr->wr_id));
       const unsigned char* data = buf + sizeof(mlx5dv_devx_async_cmd_hdr);
-      if (data[0] != 0) {  // the firmware refused the command
+      if (data[0] != 0) { // the firmware refused the command
         out[n].wr_id = t.wr_id;
-        fail_into(ec, EIO, "get_async_cmd_comp: QUERY_FLOW_COUNTER failed on the device (status "
-                  "0x%x, syndrome 0x%x)", data[0], get_dw(data, 1));
+        fail_into(ec, EIO,
+                  "get_async_cmd_comp: QUERY_FLOW_COUNTER failed on the device (status "
+                  "0x%x, syndrome 0x%x)",
+                  data[0], get_dw(data, 1));
         unpin_slot(*t.s);
         break;
       }
       flow_counter& fc = fc_of(*t.s);
       out[n++] = query_response{
-          t.wr_id, counter_values{device_count(*t.s, data) + fc.comp_offset.load(),
-                                  fc.err_offset.load()}};
+          t.wr_id,
+          counter_values{device_count(*t.s, data) + fc.comp_offset.load(), fc.err_offset.load()}};
       unpin_slot(*t.s);
     }
     return n;
@@ -175,12 +178,12 @@ class devx_cmd_comp final : public cmd_comp_core {
   // After fork() the host engine's thread is gone; the DEVX side is rdma-core's fork rules.
   bool orphaned() const noexcept override { return host_->orphaned(); }
   std::size_t queued() const noexcept override {
-    return host_->queued() + (devx_readable() ? 1 : 0);  // the kernel does not say how many
+    return host_->queued() + (devx_readable() ? 1 : 0); // the kernel does not say how many
   }
 
   void destroy() noexcept override {
     host_->destroy();
-    mlx5dv_devx_destroy_cmd_comp(devx_);  // the kernel discards queued and in-flight responses
+    mlx5dv_devx_destroy_cmd_comp(devx_); // the kernel discards queued and in-flight responses
     {
       std::lock_guard lock(tokens_mu_);
       for (token& t : tokens_)
@@ -194,8 +197,8 @@ class devx_cmd_comp final : public cmd_comp_core {
 
  private:
   struct token {
-    slot* s = nullptr;          ///< pinned while the command is in flight; nullptr: free
-    std::uint64_t wr_id = 0;    ///< the application's
+    slot* s = nullptr; ///< pinned while the command is in flight; nullptr: free
+    std::uint64_t wr_id = 0; ///< the application's
     std::uint32_t next_free = 0;
   };
 
@@ -220,13 +223,14 @@ class devx_cmd_comp final : public cmd_comp_core {
     pin_slot(*q.s);
     std::uint32_t in[8];
     build_query(in, fc_of(*q.s).id);
-    const int err = mlx5dv_devx_obj_query_async(fc_of(*q.s).obj, in, sizeof in, query_out_bytes,
-                                                index, devx_);
+    const int err =
+        mlx5dv_devx_obj_query_async(fc_of(*q.s).obj, in, sizeof in, query_out_bytes, index, devx_);
     if (err != 0) {
       take_token(index);
       unpin_slot(*q.s);
       if (err == EAGAIN)
-        return fail_into(ec, EAGAIN, "query_comp_cntr_async: the mlx5 driver refuses more than 1 MiB "
+        return fail_into(ec, EAGAIN,
+                         "query_comp_cntr_async: the mlx5 driver refuses more than 1 MiB "
                          "of outstanding responses on this cmd_comp");
       return fail_into(ec, err, "query_comp_cntr_async: mlx5dv_devx_obj_query_async failed: %s",
                        std::strerror(err));
@@ -254,18 +258,19 @@ class devx_cmd_comp final : public cmd_comp_core {
   cmd_comp_core* host_;
   int epfd_;
   std::mutex tokens_mu_;
-  std::vector<token> tokens_;  ///< in-flight DEVX queries by token (the kernel's wr_id)
+  std::vector<token> tokens_; ///< in-flight DEVX queries by token (the kernel's wr_id)
   std::uint32_t free_head_ = 0;
 };
 
-}  // namespace
+} // namespace
 
 cmd_comp_core* make_mlx5_devx_cmd_comp(device_core& dev, ibv_context* ctx,
                                        std::error_code& ec) noexcept {
   mlx5dv_devx_cmd_comp* devx = mlx5dv_devx_create_cmd_comp(ctx);
   if (!devx) {
     const int err = errno ? errno : EOPNOTSUPP;
-    fail_into(ec, err, "create_cmd_comp: mlx5dv_devx_create_cmd_comp failed: %s", std::strerror(err));
+    fail_into(ec, err, "create_cmd_comp: mlx5dv_devx_create_cmd_comp failed: %s",
+              std::strerror(err));
     return nullptr;
   }
   // Our reads of the DEVX fd never block; the application's blocking is done on the epoll fd.
@@ -274,13 +279,15 @@ cmd_comp_core* make_mlx5_devx_cmd_comp(device_core& dev, ibv_context* ctx,
                             ? make_engine_cmd_comp(dev, ec)
                             : nullptr;
   if (!host) {
-    if (!ec) fail_into(ec, errno, "create_cmd_comp: fcntl on the DEVX fd failed: %s", std::strerror(errno));
+    if (!ec)
+      fail_into(ec, errno, "create_cmd_comp: fcntl on the DEVX fd failed: %s",
+                std::strerror(errno));
     mlx5dv_devx_destroy_cmd_comp(devx);
     return nullptr;
   }
   const int epfd = ::epoll_create1(EPOLL_CLOEXEC);
   epoll_event ev{};
-  ev.events = EPOLLIN;  // level-triggered: the epoll fd is readable while either source is
+  ev.events = EPOLLIN; // level-triggered: the epoll fd is readable while either source is
   if (epfd < 0 || ::epoll_ctl(epfd, EPOLL_CTL_ADD, host->fd(), &ev) != 0 ||
       ::epoll_ctl(epfd, EPOLL_CTL_ADD, devx->fd, &ev) != 0) {
     const int err = errno;
@@ -311,8 +318,10 @@ std::error_code mlx5_bind_flow_counter(ibv_context* ctx, slot& s) noexcept {
   if (!obj) {
     const int err = errno ? errno : EIO;
     const auto* o = reinterpret_cast<const unsigned char*>(out);
-    return fail(err, "create_comp_cntr: ALLOC_FLOW_COUNTER through DEVX failed: %s (status 0x%x, "
-                "syndrome 0x%x)", std::strerror(err), o[0], get_dw(o, 1));
+    return fail(err,
+                "create_comp_cntr: ALLOC_FLOW_COUNTER through DEVX failed: %s (status 0x%x, "
+                "syndrome 0x%x)",
+                std::strerror(err), o[0], get_dw(o, 1));
   }
   auto* fc = new (std::nothrow) flow_counter;
   if (!fc) {
@@ -329,12 +338,12 @@ std::error_code mlx5_bind_flow_counter(ibv_context* ctx, slot& s) noexcept {
 void mlx5_unbind_flow_counter(slot& s) noexcept {
   if (!is_flow_counter(s)) return;
   flow_counter* fc = &fc_of(s);
-  mlx5dv_devx_obj_destroy(fc->obj);  // the kernel issues DEALLOC_FLOW_COUNTER
+  mlx5dv_devx_obj_destroy(fc->obj); // the kernel issues DEALLOC_FLOW_COUNTER
   delete fc;
   s.backend_data = nullptr;
   s.hw = nullptr;
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
-#endif  // COMPCNTR_HAVE_MLX5_DEVX
+#endif // COMPCNTR_HAVE_MLX5_DEVX

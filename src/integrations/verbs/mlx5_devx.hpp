@@ -23,6 +23,6 @@ std::error_code mlx5_bind_flow_counter(ibv_context* ctx, slot& s) noexcept;
 /// Releases what mlx5_bind_flow_counter created (no-op for other slots).
 void mlx5_unbind_flow_counter(slot& s) noexcept;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 #endif

@@ -44,7 +44,7 @@ using attach_attr = third_parameter<decltype(&ibv_qp_attach_comp_cntr)>::type;
 
 int errno_or(int fallback) noexcept { return errno != 0 ? errno : fallback; }
 
-}  // namespace
+} // namespace
 
 bool available() noexcept { return true; }
 
@@ -66,7 +66,8 @@ counter* create(ibv_context* ctx, std::uint32_t type, std::uint64_t* comp, std::
   // EFA: the device DMA-writes both values into the caller's words (the pool slot's value and
   // errors), so reading a counter never leaves user space.
   efadv_comp_cntr_init_attr efa{};
-  efa.flags = EFADV_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM | EFADV_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM;
+  efa.flags =
+      EFADV_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM | EFADV_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM;
   efa.comp_cntr_ext_mem.type = EFADV_MEMORY_LOCATION_VA;
   efa.comp_cntr_ext_mem.ptr = reinterpret_cast<std::uint8_t*>(comp);
   efa.err_cntr_ext_mem.type = EFADV_MEMORY_LOCATION_VA;
@@ -106,7 +107,7 @@ int attach(ibv_qp* qp, counter* c, std::uint32_t op_mask) noexcept {
   return ibv_qp_attach_comp_cntr(qp, cc(c), &a);
 }
 
-#else  // no native completion counters in this build: the verbs backend emulates
+#else // no native completion counters in this build: the verbs backend emulates
 
 bool available() noexcept { return false; }
 int query_caps(ibv_context*, caps*) noexcept { return ENOTSUP; }
@@ -127,4 +128,4 @@ int attach(ibv_qp*, counter*, std::uint32_t) noexcept { return ENOTSUP; }
 
 #endif
 
-}  // namespace compcntr_native
+} // namespace compcntr_native

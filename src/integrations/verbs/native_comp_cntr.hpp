@@ -50,6 +50,6 @@ int read_err(counter* c, std::uint64_t* v) noexcept;
 /// rdma-core's IBV_QP_ATTACH_COMP_CNTR_OP_*).
 int attach(ibv_qp* qp, counter* c, std::uint32_t op_mask) noexcept;
 
-}  // namespace compcntr_native
+} // namespace compcntr_native
 
 #endif

@@ -47,9 +47,10 @@ namespace compcntr::detail {
 namespace {
 
 /// What a CQ-draining emulation can observe (see the file comment).
-constexpr std::uint32_t emulated_attach_ops =
-    static_cast<std::uint32_t>(attach_op::send) | static_cast<std::uint32_t>(attach_op::recv) |
-    static_cast<std::uint32_t>(attach_op::rdma_read) | static_cast<std::uint32_t>(attach_op::rdma_write);
+constexpr std::uint32_t emulated_attach_ops = static_cast<std::uint32_t>(attach_op::send) |
+                                              static_cast<std::uint32_t>(attach_op::recv) |
+                                              static_cast<std::uint32_t>(attach_op::rdma_read) |
+                                              static_cast<std::uint32_t>(attach_op::rdma_write);
 
 compcntr_native::counter* native_of(const slot& s) noexcept {
   return static_cast<compcntr_native::counter*>(s.backend_data);
@@ -59,7 +60,9 @@ compcntr_native::counter* native_of(const slot& s) noexcept {
 // be plain 8-byte words at 8-byte alignment.
 static_assert(sizeof(std::atomic<std::uint64_t>) == sizeof(std::uint64_t));
 static_assert(alignof(std::atomic<std::uint64_t>) == alignof(std::uint64_t));
-std::uint64_t* word(std::atomic<std::uint64_t>& a) noexcept { return reinterpret_cast<std::uint64_t*>(&a); }
+std::uint64_t* word(std::atomic<std::uint64_t>& a) noexcept {
+  return reinterpret_cast<std::uint64_t*>(&a);
+}
 
 /// Copies a device-resident counter's values into its slot (the mirror readers look at).
 /// Memory ordering: seq_cst stores then notify()'s seq_cst load of `watch`, as a software set()
@@ -67,7 +70,8 @@ std::uint64_t* word(std::atomic<std::uint64_t>& a) noexcept { return reinterpret
 void refresh_mirror(slot& s) noexcept {
   std::uint64_t v = 0;
   if (compcntr_native::read(native_of(s), &v) == 0) s.value.store(v, std::memory_order_seq_cst);
-  if (compcntr_native::read_err(native_of(s), &v) == 0) s.errors.store(v, std::memory_order_seq_cst);
+  if (compcntr_native::read_err(native_of(s), &v) == 0)
+    s.errors.store(v, std::memory_order_seq_cst);
   s.notify();
 }
 
@@ -107,14 +111,15 @@ struct native_ops {
 /// completions the device counted become visible to readers and waiters.
 class mirror_source final : public progress_source {
  public:
-  std::vector<slot*> slots;  ///< guarded by the device's progress registry lock
+  std::vector<slot*> slots; ///< guarded by the device's progress registry lock
   std::size_t poll() noexcept override {
     for (slot* s : slots) refresh_mirror(*s);
-    return 0;  // refreshes are not completions consumed
+    return 0; // refreshes are not completions consumed
   }
 };
 
-class verbs_backend final : public backend, public native_attach_capability,
+class verbs_backend final : public backend,
+                            public native_attach_capability,
                             public command_capability {
  public:
   /// `devx`: ctx was opened with mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX).
@@ -123,10 +128,12 @@ class verbs_backend final : public backend, public native_attach_capability,
     compcntr_native::caps c{};
     native_ = compcntr_native::query_caps(ctx_, &c) == 0;
     if (native_)
-      caps_ = {.max_value = c.max_value, .max_counters = c.max_counters,
+      caps_ = {.max_value = c.max_value,
+               .max_counters = c.max_counters,
                .supported_qp_attach_ops = c.supported_qp_attach_ops & all_attach_ops};
     else
-      caps_ = {.max_value = UINT64_MAX, .max_counters = 0,
+      caps_ = {.max_value = UINT64_MAX,
+               .max_counters = 0,
                .supported_qp_attach_ops = emulated_attach_ops};
   }
   ~verbs_backend() override { ibv_close_device(ctx_); }
@@ -145,12 +152,11 @@ class verbs_backend final : public backend, public native_attach_capability,
   void* native_context() const noexcept override { return ctx_; }
 
   std::error_code bind_counter(slot& s) noexcept override {
-    if (!native_) return {};  // emulation: the slot is the counter
+    if (!native_) return {}; // emulation: the slot is the counter
     bool external = false;
     int err = 0;
-    compcntr_native::counter* c =
-        compcntr_native::create(ctx_, static_cast<std::uint32_t>(s.type), word(s.value),
-                                word(s.errors), &external, &err);
+    compcntr_native::counter* c = compcntr_native::create(
+        ctx_, static_cast<std::uint32_t>(s.type), word(s.value), word(s.errors), &external, &err);
     if (!c)
       return fail(err, "create_comp_cntr: device '%s' refused a native counter (%s)", name_.c_str(),
                   std::strerror(err));
@@ -181,7 +187,7 @@ class verbs_backend final : public backend, public native_attach_capability,
 
   void unbind_counter(slot& s) noexcept override {
 #if COMPCNTR_HAVE_MLX5_DEVX
-    mlx5_unbind_flow_counter(s);  // no-op unless the slot is DEVX-backed
+    mlx5_unbind_flow_counter(s); // no-op unless the slot is DEVX-backed
 #endif
     if (!s.backend_data) return;
     if (s.hw == &native_ops<true>::table) {
@@ -215,13 +221,14 @@ class verbs_backend final : public backend, public native_attach_capability,
     return nullptr;
 #endif
   }
+
  private:
   ibv_context* ctx_;
   std::string name_;
   bool native_ = false;
   counter_caps caps_{};
   mirror_source mirrors_;
-  [[maybe_unused]] bool devx_;  // read only when COMPCNTR_HAVE_MLX5_DEVX
+  [[maybe_unused]] bool devx_; // read only when COMPCNTR_HAVE_MLX5_DEVX
 };
 
 struct device_list {
@@ -233,13 +240,14 @@ struct device_list {
   }
 };
 
-}  // namespace
+} // namespace
 
 std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_code& ec) noexcept {
   device_list devs;
   if (devs.list == nullptr) {
     const int err = errno;
-    fail_into(ec, ENODEV, "open_device: no RDMA device%s%.*s%s: libibverbs cannot list devices (%s)",
+    fail_into(ec, ENODEV,
+              "open_device: no RDMA device%s%.*s%s: libibverbs cannot list devices (%s)",
               name.empty() ? "" : " named '", static_cast<int>(name.size()), name.data(),
               name.empty() ? "" : "'", std::strerror(err));
     return nullptr;
@@ -279,7 +287,8 @@ std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_co
   else if (name.empty())
     fail_into(ec, ENODEV, "open_device: no usable RDMA device (libibverbs lists %d)", devs.n);
   else
-    fail_into(ec, ENODEV, "open_device: no RDMA device named '%.*s' (libibverbs lists %d device(s))",
+    fail_into(ec, ENODEV,
+              "open_device: no RDMA device named '%.*s' (libibverbs lists %d device(s))",
               static_cast<int>(name.size()), name.data(), devs.n);
   return nullptr;
 }
@@ -287,7 +296,8 @@ std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_co
 #else
 
 std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_code& ec) noexcept {
-  fail_into(ec, ENODEV, "open_device: no RDMA device named '%.*s': compcntr was built without the "
+  fail_into(ec, ENODEV,
+            "open_device: no RDMA device named '%.*s': compcntr was built without the "
             "verbs backend (libibverbs not found at configure time)",
             static_cast<int>(name.size()), name.data());
   return nullptr;
@@ -295,4 +305,4 @@ std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_co
 
 #endif
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

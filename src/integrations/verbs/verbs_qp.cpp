@@ -55,8 +55,8 @@ namespace compcntr::detail {
 namespace {
 
 constexpr std::uint32_t bit(attach_op op) noexcept { return static_cast<std::uint32_t>(op); }
-constexpr std::uint32_t local_ops =
-    bit(attach_op::send) | bit(attach_op::recv) | bit(attach_op::rdma_read) | bit(attach_op::rdma_write);
+constexpr std::uint32_t local_ops = bit(attach_op::send) | bit(attach_op::recv) |
+                                    bit(attach_op::rdma_read) | bit(attach_op::rdma_write);
 
 /// Completions drained per source and progress() call: bounds the time one call spends when
 /// completions keep arriving (the rest waits for the next call).
@@ -131,7 +131,8 @@ class verbs_qp final : public qp_impl {
   void on_completion(const cq_source::user& u, ibv_cq_ex* cq) const noexcept {
     const std::uint64_t wr_id = cq->wr_id;
     if (cq->status != IBV_WC_SUCCESS) {
-      if (const std::uint32_t op = error_op(u, wr_id)) complete(static_cast<attach_op>(op), false, 0);
+      if (const std::uint32_t op = error_op(u, wr_id))
+        complete(static_cast<attach_op>(op), false, 0);
       return;
     }
     attach_op op;
@@ -167,7 +168,8 @@ class verbs_qp final : public qp_impl {
           (op & possible) != 0)
         return op;
     }
-    for (attach_op op : {attach_op::send, attach_op::recv, attach_op::rdma_read, attach_op::rdma_write})
+    for (attach_op op :
+         {attach_op::send, attach_op::recv, attach_op::rdma_read, attach_op::rdma_write})
       if ((bit(op) & possible) != 0 && served(op) != nullptr) return bit(op);
     return 0;
   }
@@ -245,7 +247,7 @@ void cq_source::discard() noexcept {
 
 std::size_t cq_source::poll() noexcept {
   ibv_poll_cq_attr attr{};
-  if (ibv_start_poll(cq, &attr) != 0) return 0;  // ENOENT: nothing there (or a CQ error)
+  if (ibv_start_poll(cq, &attr) != 0) return 0; // ENOENT: nothing there (or a CQ error)
   std::size_t n = 0;
   do {
     consume();
@@ -262,9 +264,11 @@ std::error_code add_user(progress_registry& reg, ibv_cq_ex* cq, const cq_source:
     if (auto* s = dynamic_cast<cq_source*>(p); s && s->cq == cq) src = s;
   const bool fresh = src == nullptr;
   if (!fresh && !src->shared && cq->read_qp_num == nullptr)
-    return fail(EINVAL, "wrap_verbs_qp: ibv_qp %u would share a CQ with another wrapped QP, but "
+    return fail(EINVAL,
+                "wrap_verbs_qp: ibv_qp %u would share a CQ with another wrapped QP, but "
                 "the CQ was not created with IBV_WC_EX_WITH_QP_NUM (its entries could not be "
-                "told apart)", u.qp->verbs()->qp_num);
+                "told apart)",
+                u.qp->verbs()->qp_num);
   if (fresh) {
     src = new (std::nothrow) cq_source(cq);
     if (!src) return fail(ENOMEM, "wrap_verbs_qp: out of memory");
@@ -288,7 +292,7 @@ std::error_code add_user(progress_registry& reg, ibv_cq_ex* cq, const cq_source:
   return {};
 }
 
-}  // namespace
+} // namespace
 
 qp_impl* wrap_verbs_qp(device_core& dev, ibv_qp* vqp, const verbs_qp_options& opts,
                        std::error_code& ec) noexcept {
@@ -315,15 +319,18 @@ qp_impl* wrap_verbs_qp(device_core& dev, ibv_qp* vqp, const verbs_qp_options& op
   wrap_table& t = wraps();
   std::unique_lock glk(t.mu);
   if (t.qps.contains(vqp))
-    return fail_into(ec, EBUSY, "wrap_verbs_qp: ibv_qp %u is already wrapped (on this or another "
-                     "compcntr device)", vqp->qp_num),
+    return fail_into(ec, EBUSY,
+                     "wrap_verbs_qp: ibv_qp %u is already wrapped (on this or another "
+                     "compcntr device)",
+                     vqp->qp_num),
            nullptr;
   ibv_cq_ex* const cqs[2] = {opts.send_cq, recv_cq};
   for (int i = 0; i < 2; ++i)
     if (auto it = t.cq_owner.find(cqs[i]); it != t.cq_owner.end() && it->second != &dev)
-      return fail_into(ec, EBUSY, "wrap_verbs_qp: ibv_qp %u's %s CQ is drained by another compcntr "
-                       "device (a CQ is drained by one device)", vqp->qp_num,
-                       i == 0 ? "send" : "receive"),
+      return fail_into(ec, EBUSY,
+                       "wrap_verbs_qp: ibv_qp %u's %s CQ is drained by another compcntr "
+                       "device (a CQ is drained by one device)",
+                       vqp->qp_num, i == 0 ? "send" : "receive"),
              nullptr;
   auto* q = new (std::nothrow) verbs_qp(dev, vqp, opts, false);
   if (!q) return fail_into(ec, ENOMEM, "wrap_verbs_qp: out of memory"), nullptr;
@@ -340,20 +347,21 @@ qp_impl* wrap_verbs_qp(device_core& dev, ibv_qp* vqp, const verbs_qp_options& op
   glk.unlock();
   lk.unlock();
   if (e) {
-    q->destroy();  // unregisters what was registered
+    q->destroy(); // unregisters what was registered
     ec = e;
     return nullptr;
   }
   return q;
 }
 
-#else  // built without libibverbs
+#else // built without libibverbs
 
-qp_impl* wrap_verbs_qp(device_core&, ibv_qp*, const verbs_qp_options&, std::error_code& ec) noexcept {
+qp_impl* wrap_verbs_qp(device_core&, ibv_qp*, const verbs_qp_options&,
+                       std::error_code& ec) noexcept {
   fail_into(ec, ENOTSUP, "wrap_verbs_qp: compcntr was built without libibverbs");
   return nullptr;
 }
 
 #endif
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -8,7 +8,8 @@
 int main(void)
 {
 	if (strcmp(compcntr_version(), COMPCNTR_VERSION_STRING) != 0) {
-		fprintf(stderr, "headers %s, library %s\n", COMPCNTR_VERSION_STRING, compcntr_version());
+		fprintf(stderr, "headers %s, library %s\n", COMPCNTR_VERSION_STRING,
+		        compcntr_version());
 		return 1;
 	}
 	struct compcntr_device *dev = compcntr_open_device("soft");
@@ -27,8 +28,8 @@ int main(void)
 	uint64_t v = 0;
 	int rc = compcntr_read_comp_cntr(cc, &v);
 	int bad = compcntr_inc_comp_cntr(NULL, 1); /* EINVAL, never a crash */
-	printf("consumer_c: compcntr %s, %" PRIu64 " bytes, NULL counter -> %d\n", compcntr_version(),
-	       v, bad);
+	printf("consumer_c: compcntr %s, %" PRIu64 " bytes, NULL counter -> %d\n",
+	       compcntr_version(), v, bad);
 	compcntr_destroy_comp_cntr(cc);
 	compcntr_close_device(dev);
 	return rc == 0 && v == 40960 && bad == 22 /* EINVAL */ ? 0 : 1;

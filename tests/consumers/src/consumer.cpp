@@ -19,10 +19,13 @@ int main() {
   if (ec) return std::fprintf(stderr, "create: %s\n", compcntr::last_error_message().data()), 1;
   std::vector<std::thread> workers;
   for (int t = 0; t < 2; ++t)
-    workers.emplace_back([&] { for (int i = 0; i < 500; ++i) done.add(); });
+    workers.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) done.add();
+    });
   const auto waited = compcntr::wait(done, 1000, std::chrono::milliseconds(10000));
   for (auto& w : workers) w.join();
   std::printf("consumer_cpp: compcntr %s, %llu completions, wait %s\n", compcntr::version().data(),
-              static_cast<unsigned long long>(done.value()), waited == std::errc{} ? "ok" : "FAILED");
+              static_cast<unsigned long long>(done.value()),
+              waited == std::errc{} ? "ok" : "FAILED");
   return waited == std::errc{} && done.value() == 1000 ? 0 : 1;
 }

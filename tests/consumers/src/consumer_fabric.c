@@ -9,6 +9,7 @@ int main(void)
 	struct compcntr_fi_bridge *br = compcntr_fi_bridge_open(NULL);
 	int e = errno;
 	int rc = compcntr_fi_bridge_bind(NULL, NULL, FI_SEND);
-	printf("consumer_fabric: bridge_open(NULL) -> %p errno %d, bind(NULL) -> %d\n", (void *)br, e, rc);
+	printf("consumer_fabric: bridge_open(NULL) -> %p errno %d, bind(NULL) -> %d\n", (void *)br,
+	       e, rc);
 	return br == NULL && e == EINVAL && rc == EINVAL ? 0 : 1;
 }

@@ -29,7 +29,8 @@ using fabtest::env;
 
 namespace {
 
-std::unique_ptr<env> any_provider(fi_cq_format format = FI_CQ_FORMAT_DATA, std::size_t cq_size = 1024) {
+std::unique_ptr<env> any_provider(fi_cq_format format = FI_CQ_FORMAT_DATA,
+                                  std::size_t cq_size = 1024) {
   fabtest::options o;
   o.provider_counters = false;
   o.format = format;
@@ -83,12 +84,17 @@ template <class Pump>
 std::uint64_t traffic(env& e, int n, Pump pump) {
   std::uint64_t total = 0;
   for (int i = 0; i < n; ++i)
-    REQUIRE(fabtest::post([&] { return fi_recv(e.b.ep, e.b.buf + 64 * (i % 512), 64, e.b.desc, e.a.addr, e.ctx()); },
-                          pump) == 0);
+    REQUIRE(fabtest::post(
+                [&] {
+                  return fi_recv(e.b.ep, e.b.buf + 64 * (i % 512), 64, e.b.desc, e.a.addr, e.ctx());
+                },
+                pump) == 0);
   for (int i = 0; i < n; ++i) {
     const std::size_t len = 1 + i % 64;
     total += len;
-    REQUIRE(fabtest::post([&] { return fi_send(e.a.ep, e.a.buf, len, e.a.desc, e.b.addr, e.ctx()); }, pump) == 0);
+    REQUIRE(fabtest::post(
+                [&] { return fi_send(e.a.ep, e.a.buf, len, e.a.desc, e.b.addr, e.ctx()); }, pump) ==
+            0);
   }
   return total;
 }
@@ -102,20 +108,21 @@ TEST_CASE("open: argument checks") {
   auto e = any_provider();
   if (!e) return;
   errno = 0;
-  CHECK(compcntr_fi_bridge_open(reinterpret_cast<fid_cq*>(&e->domain->fid)) == nullptr);  // not a CQ
+  CHECK(compcntr_fi_bridge_open(reinterpret_cast<fid_cq*>(&e->domain->fid)) == nullptr); // not a CQ
   CHECK(errno == EINVAL);
   CHECK(fi_last().find("not a CQ") != std::string::npos);
   struct bad {
     std::uint32_t mask;
-    int format;  // raw: a C caller may store any int (written with memcpy)
+    int format; // raw: a C caller may store any int (written with memcpy)
     std::size_t max;
     const char* what;
   };
-  for (const bad& b : {bad{COMPCNTR_FI_BRIDGE_ATTR_FORMAT, FI_CQ_FORMAT_CONTEXT, 0, "format"},
-                       bad{COMPCNTR_FI_BRIDGE_ATTR_FORMAT, FI_CQ_FORMAT_UNSPEC, 0, "format"},
-                       bad{COMPCNTR_FI_BRIDGE_ATTR_FORMAT, 42, 0, "format"},
-                       bad{COMPCNTR_FI_BRIDGE_ATTR_MAX_ENTRIES, FI_CQ_FORMAT_UNSPEC, 0, "max_entries"},
-                       bad{1u << 7, FI_CQ_FORMAT_MSG, 1, "comp_mask"}}) {
+  for (const bad& b :
+       {bad{COMPCNTR_FI_BRIDGE_ATTR_FORMAT, FI_CQ_FORMAT_CONTEXT, 0, "format"},
+        bad{COMPCNTR_FI_BRIDGE_ATTR_FORMAT, FI_CQ_FORMAT_UNSPEC, 0, "format"},
+        bad{COMPCNTR_FI_BRIDGE_ATTR_FORMAT, 42, 0, "format"},
+        bad{COMPCNTR_FI_BRIDGE_ATTR_MAX_ENTRIES, FI_CQ_FORMAT_UNSPEC, 0, "max_entries"},
+        bad{1u << 7, FI_CQ_FORMAT_MSG, 1, "comp_mask"}}) {
     compcntr_fi_bridge_attr a{};
     a.comp_mask = b.mask;
     std::memcpy(&a.format, &b.format, sizeof(int));
@@ -125,9 +132,9 @@ TEST_CASE("open: argument checks") {
     CHECK(errno == EINVAL);
     CHECK_MESSAGE(fi_last().find(b.what) != std::string::npos, fi_last());
   }
-  compcntr_fi_bridge* br = compcntr_fi_bridge_open_ex(e->a.cq, nullptr);  // == open
+  compcntr_fi_bridge* br = compcntr_fi_bridge_open_ex(e->a.cq, nullptr); // == open
   REQUIRE(br);
-  CHECK(compcntr_fi_bridge_progress(br) == 0);  // empty CQ
+  CHECK(compcntr_fi_bridge_progress(br) == 0); // empty CQ
   CHECK(compcntr_fi_bridge_close(br) == 0);
   CHECK(compcntr_fi_bridge_progress(nullptr) == -FI_EINVAL);
   CHECK(compcntr_fi_bridge_close(nullptr) == EINVAL);
@@ -159,7 +166,7 @@ TEST_CASE("bind: flags, one counter per class, BYTES only where the CQ reports a
   // Overlap: refused as a whole (FI_RECV is not bound by the failed call).
   CHECK(compcntr_fi_bridge_bind(br, other, FI_RECV | FI_READ) == EBUSY);
   CHECK(compcntr_fi_bridge_bind(br, other, FI_SEND) == EBUSY);
-  CHECK(compcntr_fi_bridge_bind(br, wrs, FI_SEND) == EBUSY);  // also for the same counter
+  CHECK(compcntr_fi_bridge_bind(br, wrs, FI_SEND) == EBUSY); // also for the same counter
   CHECK(compcntr_fi_bridge_bind(br, bytes, FI_RECV) == 0);
   CHECK(compcntr_fi_bridge_bind(br, other, FI_RECV) == EBUSY);
   CHECK(compcntr_fi_bridge_bind(br, other, FI_WRITE) == 0);
@@ -167,13 +174,16 @@ TEST_CASE("bind: flags, one counter per class, BYTES only where the CQ reports a
   // The receives land in the BYTES counter (not in `other`, whose FI_RECV bind failed).
   compcntr_fi_bridge* ba = compcntr_fi_bridge_open(e->a.cq);
   REQUIRE(ba);
-  auto pump = [&] { compcntr_fi_bridge_progress(ba); compcntr_fi_bridge_progress(br); };
+  auto pump = [&] {
+    compcntr_fi_bridge_progress(ba);
+    compcntr_fi_bridge_progress(br);
+  };
   const std::uint64_t total = traffic(*e, 40, pump);
   REQUIRE(fabtest::until([&] { return val(bytes) == total && stats(ba).entries == 40; }, pump));
   CHECK(val(other) == 0);
   CHECK(val(wrs) == 0);
   CHECK(stats(br).entries == 40);
-  CHECK(stats(ba).unbound == 40);  // A's sends: no counter bound on A's bridge
+  CHECK(stats(ba).unbound == 40); // A's sends: no counter bound on A's bridge
   CHECK(compcntr_fi_bridge_close(ba) == 0);
   CHECK(compcntr_fi_bridge_close(br) == 0);
 }
@@ -188,8 +198,10 @@ TEST_CASE("every CQ format: batched reads with the format, prefix reads without 
       compcntr_fi_bridge_attr a{};
       a.comp_mask = COMPCNTR_FI_BRIDGE_ATTR_FORMAT;
       a.format = f;
-      compcntr_fi_bridge* ba = given ? compcntr_fi_bridge_open_ex(e->a.cq, &a) : compcntr_fi_bridge_open(e->a.cq);
-      compcntr_fi_bridge* bb = given ? compcntr_fi_bridge_open_ex(e->b.cq, &a) : compcntr_fi_bridge_open(e->b.cq);
+      compcntr_fi_bridge* ba =
+          given ? compcntr_fi_bridge_open_ex(e->a.cq, &a) : compcntr_fi_bridge_open(e->a.cq);
+      compcntr_fi_bridge* bb =
+          given ? compcntr_fi_bridge_open_ex(e->b.cq, &a) : compcntr_fi_bridge_open(e->b.cq);
       REQUIRE(ba);
       REQUIRE(bb);
       compcntr_comp_cntr* sent = s.counter();
@@ -197,11 +209,15 @@ TEST_CASE("every CQ format: batched reads with the format, prefix reads without 
       compcntr_comp_cntr* rbytes = s.counter(COMPCNTR_COMP_CNTR_TYPE_BYTES);
       compcntr_comp_cntr* other = s.counter();
       REQUIRE(compcntr_fi_bridge_bind(ba, sent, FI_SEND) == 0);
-      REQUIRE(compcntr_fi_bridge_bind(ba, other, FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE) == 0);
+      REQUIRE(compcntr_fi_bridge_bind(
+                  ba, other, FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE) == 0);
       REQUIRE(compcntr_fi_bridge_bind(bb, rbytes, FI_RECV) == 0);
-      REQUIRE(compcntr_fi_bridge_bind(bb, recvd, FI_SEND) == 0);  // B sends nothing: stays 0
-      auto pump = [&] { compcntr_fi_bridge_progress(ba); compcntr_fi_bridge_progress(bb); };
-      constexpr int n = 300;  // > the batch of 64, several batches and a partial one
+      REQUIRE(compcntr_fi_bridge_bind(bb, recvd, FI_SEND) == 0); // B sends nothing: stays 0
+      auto pump = [&] {
+        compcntr_fi_bridge_progress(ba);
+        compcntr_fi_bridge_progress(bb);
+      };
+      constexpr int n = 300; // > the batch of 64, several batches and a partial one
       const std::uint64_t total = traffic(*e, n, pump);
       REQUIRE(fabtest::until([&] { return val(sent) == n && val(rbytes) == total; }, pump));
       CHECK(val(recvd) == 0);
@@ -210,7 +226,8 @@ TEST_CASE("every CQ format: batched reads with the format, prefix reads without 
       const auto sa = stats(ba), sb = stats(bb);
       CHECK(sa.entries == n);
       CHECK(sb.entries == n);
-      CHECK(sa.errors + sb.errors + sa.unclassified + sb.unclassified + sa.unbound + sb.unbound == 0);
+      CHECK(sa.errors + sb.errors + sa.unclassified + sb.unclassified + sa.unbound + sb.unbound ==
+            0);
       CHECK(compcntr_fi_bridge_close(ba) == 0);
       CHECK(compcntr_fi_bridge_close(bb) == 0);
     }
@@ -224,7 +241,9 @@ TEST_CASE("FI_CQ_FORMAT_CONTEXT is detected at its first entry, never misparsed"
   compcntr_fi_bridge* ba = compcntr_fi_bridge_open(e->a.cq);
   REQUIRE(ba);
   compcntr_comp_cntr* sent = s.counter();
-  REQUIRE(compcntr_fi_bridge_bind(ba, sent, FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE) == 0);
+  REQUIRE(compcntr_fi_bridge_bind(
+              ba, sent,
+              FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE) == 0);
   // B's CQ is read by the test itself, as an application would.
   fi_context* ctxs[3];
   int got_b = 0;
@@ -234,32 +253,38 @@ TEST_CASE("FI_CQ_FORMAT_CONTEXT is detected at its first entry, never misparsed"
     if (n > 0) got_b += static_cast<int>(n);
   };
   for (int i = 0; i < 3; ++i)
-    REQUIRE(fabtest::post([&] { return fi_recv(e->b.ep, e->b.buf + 64 * i, 64, e->b.desc, e->a.addr, e->ctx()); },
-                          drain_b) == 0);
+    REQUIRE(
+        fabtest::post(
+            [&] { return fi_recv(e->b.ep, e->b.buf + 64 * i, 64, e->b.desc, e->a.addr, e->ctx()); },
+            drain_b) == 0);
   for (int i = 0; i < 3; ++i) {
     ctxs[i] = e->ctx();
-    REQUIRE(fabtest::post([&] { return fi_send(e->a.ep, e->a.buf, 8, e->a.desc, e->b.addr, ctxs[i]); }, drain_b) == 0);
+    REQUIRE(
+        fabtest::post([&] { return fi_send(e->a.ep, e->a.buf, 8, e->a.desc, e->b.addr, ctxs[i]); },
+                      drain_b) == 0);
   }
   ssize_t r = 0;
   REQUIRE(fabtest::until([&] { return (r = compcntr_fi_bridge_progress(ba)) != 0; }, drain_b));
   CHECK(r == -FI_EOPNOTSUPP);
   CHECK(fi_last().find("FI_CQ_FORMAT_CONTEXT") != std::string::npos);
-  CHECK(val(sent) == 0);  // nothing counted from a misread entry
+  CHECK(val(sent) == 0); // nothing counted from a misread entry
   const auto st = stats(ba);
   CHECK(st.entries == 1);
   CHECK(st.unclassified == 1);
   // The bridge stops reading: the other two completions stay in the CQ for the application.
   CHECK(compcntr_fi_bridge_progress(ba) == -FI_EOPNOTSUPP);
   int left = 0;
-  REQUIRE(fabtest::until([&] {
-    fi_cq_entry ent[4];
-    const ssize_t n = fi_cq_read(e->a.cq, ent, 4);
-    for (ssize_t i = 0; i < n; ++i) {
-      CHECK((ent[i].op_context == ctxs[1] || ent[i].op_context == ctxs[2]));
-      ++left;
-    }
-    return left == 2;
-  }, drain_b));
+  REQUIRE(fabtest::until(
+      [&] {
+        fi_cq_entry ent[4];
+        const ssize_t n = fi_cq_read(e->a.cq, ent, 4);
+        for (ssize_t i = 0; i < n; ++i) {
+          CHECK((ent[i].op_context == ctxs[1] || ent[i].op_context == ctxs[2]));
+          ++left;
+        }
+        return left == 2;
+      },
+      drain_b));
   REQUIRE(fabtest::until([&] { return got_b == 3; }, drain_b));
   CHECK(compcntr_fi_bridge_close(ba) == 0);
 }
@@ -270,7 +295,8 @@ TEST_CASE("max_entries bounds one progress call; the rest is read by the next on
   soft s;
   for (bool given : {false, true}) {
     compcntr_fi_bridge_attr a{};
-    a.comp_mask = COMPCNTR_FI_BRIDGE_ATTR_MAX_ENTRIES | (given ? COMPCNTR_FI_BRIDGE_ATTR_FORMAT : 0u);
+    a.comp_mask =
+        COMPCNTR_FI_BRIDGE_ATTR_MAX_ENTRIES | (given ? COMPCNTR_FI_BRIDGE_ATTR_FORMAT : 0u);
     a.format = FI_CQ_FORMAT_DATA;
     a.max_entries = 5;
     compcntr_fi_bridge* ba = compcntr_fi_bridge_open_ex(e->a.cq, &a);
@@ -326,8 +352,10 @@ TEST_CASE("progress from several threads at once: exact totals and exact return 
       while (!stop.load(std::memory_order_relaxed)) {
         for (compcntr_fi_bridge* br : {ba, bb}) {
           const ssize_t r = compcntr_fi_bridge_progress(br);
-          if (r < 0) ++bad;
-          else returned += static_cast<std::uint64_t>(r);
+          if (r < 0)
+            ++bad;
+          else
+            returned += static_cast<std::uint64_t>(r);
         }
         std::this_thread::yield();
       }
@@ -348,12 +376,18 @@ TEST_CASE("progress from several threads at once: exact totals and exact return 
   for (int w = 0; w < n; w += 250) {
     std::uint64_t window = 0;
     for (int i = w; i < w + 250; ++i)
-      REQUIRE(fabtest::post([&] { return fi_recv(e->b.ep, e->b.buf + 64 * (i % 512), 64, e->b.desc, e->a.addr, e->ctx()); },
-                            yield) == 0);
+      REQUIRE(fabtest::post(
+                  [&] {
+                    return fi_recv(e->b.ep, e->b.buf + 64 * (i % 512), 64, e->b.desc, e->a.addr,
+                                   e->ctx());
+                  },
+                  yield) == 0);
     for (int i = w; i < w + 250; ++i) {
       const std::size_t len = 1 + i % 64;
       window += len;
-      REQUIRE(fabtest::post([&] { return fi_send(e->a.ep, e->a.buf, len, e->a.desc, e->b.addr, e->ctx()); }, yield) == 0);
+      REQUIRE(fabtest::post(
+                  [&] { return fi_send(e->a.ep, e->a.buf, len, e->a.desc, e->b.addr, e->ctx()); },
+                  yield) == 0);
     }
     total += window;
     REQUIRE(fabtest::until([&] { return val(rbytes) == total; }, yield));
@@ -365,7 +399,7 @@ TEST_CASE("progress from several threads at once: exact totals and exact return 
   CHECK(bad == 0);
   CHECK(val(sent) == n);
   CHECK(val(rbytes) == total);
-  CHECK(returned == 2u * n);  // each entry was reported consumed by exactly one call
+  CHECK(returned == 2u * n); // each entry was reported consumed by exactly one call
   CHECK(stats(ba).entries + stats(bb).entries == 2u * n);
   CHECK(compcntr_fi_bridge_close(ba) == 0);
   CHECK(compcntr_fi_bridge_close(bb) == 0);
@@ -417,7 +451,7 @@ TEST_CASE("C++: compcntr::fabric::bind keeps the counter alive; compcntr::wait d
   compcntr_fi_bridge* bb = compcntr_fi_bridge_open(e->b.cq);
   REQUIRE(ba);
   REQUIRE(bb);
-  CHECK(compcntr::fabric::bind(bb, dev, foreign, FI_SEND) == EINVAL);  // not dev's counter
+  CHECK(compcntr::fabric::bind(bb, dev, foreign, FI_SEND) == EINVAL); // not dev's counter
   CHECK(compcntr::fabric::bind(bb, dev, compcntr::counter{}, FI_SEND) == EINVAL);
   CHECK(compcntr::fabric::bind(bb, compcntr::counter_ref{}, FI_SEND) == EINVAL);
   CHECK(compcntr::fabric::bind(bb, dev, bytes, FI_SEND) == ENOTSUP);
@@ -425,7 +459,7 @@ TEST_CASE("C++: compcntr::fabric::bind keeps the counter alive; compcntr::wait d
   REQUIRE(compcntr::fabric::bind(bb, dev, recvd, FI_RECV) == 0);
   REQUIRE(compcntr::fabric::bind(bb, dev, rwrites, FI_REMOTE_WRITE) == 0);
   CHECK(compcntr::fabric::bind(bb, dev, bytes, FI_RECV) == EBUSY);
-  REQUIRE(compcntr::fabric::bind(ba, dev, bytes, FI_RECV) == 0);  // A receives nothing here
+  REQUIRE(compcntr::fabric::bind(ba, dev, bytes, FI_RECV) == 0); // A receives nothing here
 
   constexpr int n = 100;
   auto pump_a = [&] { compcntr_fi_bridge_progress(ba); };
@@ -445,9 +479,12 @@ TEST_CASE("C++: compcntr::fabric::bind keeps the counter alive; compcntr::wait d
 
   // Writes with remote CQ data: a remote event each at the target.
   for (int i = 0; i < 10; ++i)
-    REQUIRE(fabtest::post([&] {
-      return fi_writedata(e->a.ep, e->a.buf, 100 + i, e->a.desc, i, e->b.addr, e->remote(e->b, 8192), e->b.key, e->ctx());
-    }, pump_a) == 0);
+    REQUIRE(fabtest::post(
+                [&] {
+                  return fi_writedata(e->a.ep, e->a.buf, 100 + i, e->a.desc, i, e->b.addr,
+                                      e->remote(e->b, 8192), e->b.key, e->ctx());
+                },
+                pump_a) == 0);
   CHECK(compcntr::wait(rwrites, 10, 20s, compcntr::fabric::progress_options(bb)) == std::errc{});
   CHECK(rwrites.value() == 10);
   CHECK(bytes.value() == 0);
@@ -486,23 +523,26 @@ TEST_CASE("credits come back through a bridge: MPI-style flow control on real li
   compcntr_fi_bridge* both[2] = {ba, bb};
   compcntr_wait_attr wa{};
   wa.progress = [](void* p) {
-    for (auto* br : *static_cast<compcntr_fi_bridge* (*)[2]>(p)) compcntr_fi_bridge_progress(br);
+    for (auto* br : *static_cast<compcntr_fi_bridge*(*)[2]>(p)) compcntr_fi_bridge_progress(br);
   };
   wa.progress_ctx = &both;
   auto pump = [&] { wa.progress(&both); };
 
   constexpr int n = 200;
   for (int i = 0; i < n; ++i)
-    REQUIRE(fabtest::post([&] { return fi_recv(e->b.ep, e->b.buf + 64 * i, 64, e->b.desc, e->a.addr, e->ctx()); },
-                          pump) == 0);
+    REQUIRE(
+        fabtest::post(
+            [&] { return fi_recv(e->b.ep, e->b.buf + 64 * i, 64, e->b.desc, e->a.addr, e->ctx()); },
+            pump) == 0);
   std::uint64_t most = 0;
   for (int i = 0; i < n; ++i) {
     REQUIRE(compcntr_credits_acquire_ex(cr, 0, 1, 20000, &wa) == 0);
     std::uint64_t out = 0;
     REQUIRE(compcntr_credits_outstanding(cr, 0, &out) == 0);
     most = std::max(most, out);
-    REQUIRE(fabtest::post([&] { return fi_send(e->a.ep, e->a.buf, 32, e->a.desc, e->b.addr, e->ctx()); },
-                          pump) == 0);
+    REQUIRE(fabtest::post(
+                [&] { return fi_send(e->a.ep, e->a.buf, 32, e->a.desc, e->b.addr, e->ctx()); },
+                pump) == 0);
   }
   REQUIRE(compcntr_credits_flush_ex(cr, 0, 20000, &wa) == 0);
   std::uint64_t out = 99;

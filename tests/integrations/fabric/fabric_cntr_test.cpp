@@ -178,13 +178,13 @@ TEST_CASE("fi_cntr_wait: threshold, timeout, -FI_ETIMEDOUT, -FI_EAVAIL, every wa
     INFO("wait_obj ", static_cast<int>(w));
     fid_cntr* c = open_cntr(s.dev, w);
     CHECK(fi_cntr_add(c, 3) == 0);
-    CHECK(fi_cntr_wait(c, 3, 0) == 0);            // already there
+    CHECK(fi_cntr_wait(c, 3, 0) == 0); // already there
     CHECK(fi_cntr_wait(c, 2, -1) == 0);
-    CHECK(fi_cntr_wait(c, 4, 0) == -FI_ETIMEDOUT);  // test once
+    CHECK(fi_cntr_wait(c, 4, 0) == -FI_ETIMEDOUT); // test once
     const auto t0 = steady_clock::now();
     CHECK(fi_cntr_wait(c, 4, 30) == -FI_ETIMEDOUT);
-    CHECK(steady_clock::now() - t0 >= milliseconds(30));  // never early
-    CHECK(fi_cntr_read(c) == 3);                          // "remains unchanged"
+    CHECK(steady_clock::now() - t0 >= milliseconds(30)); // never early
+    CHECK(fi_cntr_read(c) == 3); // "remains unchanged"
 
     // An error before the wait does not count; the threshold reached wins.
     CHECK(fi_cntr_adderr(c, 1) == 0);
@@ -254,14 +254,14 @@ TEST_CASE("FI_WAIT_FD: trywait, then poll/epoll; every update after trywait wake
   REQUIRE(fi_control(&c->fid, FI_GETWAIT, &fd) == 0);
   fid* f = &c->fid;
 
-  CHECK(compcntr_fi_trywait(&f, 1) == 0);  // nothing changed since open: safe to block
+  CHECK(compcntr_fi_trywait(&f, 1) == 0); // nothing changed since open: safe to block
   CHECK_FALSE(readable(fd));
-  CHECK(fi_cntr_add(c, 1) == 0);           // an update after trywait
+  CHECK(fi_cntr_add(c, 1) == 0); // an update after trywait
   CHECK(readable(fd));
-  CHECK(compcntr_fi_trywait(&f, 1) == -FI_EAGAIN);  // changed since the last trywait: read first
+  CHECK(compcntr_fi_trywait(&f, 1) == -FI_EAGAIN); // changed since the last trywait: read first
   CHECK(compcntr_fi_trywait(&f, 1) == 0);
   CHECK_FALSE(readable(fd));
-  CHECK(fi_cntr_adderr(c, 1) == 0);  // error updates wake it too
+  CHECK(fi_cntr_adderr(c, 1) == 0); // error updates wake it too
   CHECK(readable(fd));
   CHECK(compcntr_fi_trywait(&f, 1) == -FI_EAGAIN);
 
@@ -285,7 +285,7 @@ TEST_CASE("FI_WAIT_FD: trywait, then poll/epoll; every update after trywait wake
     if (compcntr_fi_trywait(&f, 1) == 0) {
       epoll_event out{};
       ++blocked;
-      if (epoll_wait(ep, &out, 1, 5000) == 0) ++timeouts;  // 5 s: a lost wake-up, not a wait
+      if (epoll_wait(ep, &out, 1, 5000) == 0) ++timeouts; // 5 s: a lost wake-up, not a wait
     }
   }
   producer.join();
@@ -340,7 +340,7 @@ TEST_CASE("compcntr_fi_cntr_comp_cntr recognises foreign counters without readin
   errno = 0;
   CHECK(compcntr_fi_cntr_comp_cntr(prov) == nullptr);
   CHECK(errno == EINVAL);
-  CHECK(fi_cntr_read(prov) == 0);  // untouched and still working
+  CHECK(fi_cntr_read(prov) == 0); // untouched and still working
 }
 
 TEST_CASE("fi_close: -FI_EBUSY while the counter is in use, and nothing changes") {
@@ -363,10 +363,10 @@ TEST_CASE("fi_close: -FI_EBUSY while the counter is in use, and nothing changes"
     compcntr_fi_bridge* br = compcntr_fi_bridge_open(e->a.cq);
     REQUIRE(br);
     REQUIRE(compcntr_fi_bridge_bind(br, cc, FI_SEND) == 0);
-    REQUIRE(compcntr_fi_bridge_bind(br, cc, FI_RECV) == 0);  // two bindings of one bridge
+    REQUIRE(compcntr_fi_bridge_bind(br, cc, FI_RECV) == 0); // two bindings of one bridge
     CHECK(fi_close(&c->fid) == -FI_EBUSY);
     CHECK(fi_last().find("bridge") != std::string::npos);
-    CHECK(fi_cntr_add(c, 1) == 0);  // still usable
+    CHECK(fi_cntr_add(c, 1) == 0); // still usable
     CHECK(fi_cntr_read(c) == 5);
     CHECK(compcntr_fi_bridge_close(br) == 0);
   }
@@ -420,21 +420,31 @@ TEST_CASE("adapter counters bound to bridges: fi_cntr_read and fi_cntr_wait driv
   // Nobody calls compcntr_fi_bridge_progress: the adapters' reads drive the CQs.
   constexpr int n = 64;
   auto no_pump = [] {};
-  auto drive = [&] { fi_cntr_read(sent); fi_cntr_read(recvd); };
+  auto drive = [&] {
+    fi_cntr_read(sent);
+    fi_cntr_read(recvd);
+  };
   for (int i = 0; i < n; ++i)
-    REQUIRE(fabtest::post([&] { return fi_recv(e->b.ep, e->b.buf + 64 * i, 64, e->b.desc, e->a.addr, e->ctx()); },
-                          drive) == 0);
+    REQUIRE(
+        fabtest::post(
+            [&] { return fi_recv(e->b.ep, e->b.buf + 64 * i, 64, e->b.desc, e->a.addr, e->ctx()); },
+            drive) == 0);
   for (int i = 0; i < n; ++i)
-    REQUIRE(fabtest::post([&] { return fi_send(e->a.ep, e->a.buf, 1 + i, e->a.desc, e->b.addr, e->ctx()); },
-                          drive) == 0);
-  CHECK(fabtest::until([&] { return fi_cntr_read(sent) == n && fi_cntr_read(recvd) == n; }, no_pump));
+    REQUIRE(fabtest::post(
+                [&] { return fi_send(e->a.ep, e->a.buf, 1 + i, e->a.desc, e->b.addr, e->ctx()); },
+                drive) == 0);
+  CHECK(
+      fabtest::until([&] { return fi_cntr_read(sent) == n && fi_cntr_read(recvd) == n; }, no_pump));
   // Now only fi_cntr_wait: a second round completes because the waits drive the CQs.
   for (int i = 0; i < n; ++i)
-    REQUIRE(fabtest::post([&] { return fi_recv(e->b.ep, e->b.buf + 64 * i, 64, e->b.desc, e->a.addr, e->ctx()); },
-                          drive) == 0);
+    REQUIRE(
+        fabtest::post(
+            [&] { return fi_recv(e->b.ep, e->b.buf + 64 * i, 64, e->b.desc, e->a.addr, e->ctx()); },
+            drive) == 0);
   for (int i = 0; i < n; ++i)
-    REQUIRE(fabtest::post([&] { return fi_send(e->a.ep, e->a.buf, 1 + i, e->a.desc, e->b.addr, e->ctx()); },
-                          drive) == 0);
+    REQUIRE(fabtest::post(
+                [&] { return fi_send(e->a.ep, e->a.buf, 1 + i, e->a.desc, e->b.addr, e->ctx()); },
+                drive) == 0);
   CHECK(fi_cntr_wait(sent, 2 * n, 20000) == 0);
   CHECK(fi_cntr_wait(recvd, 2 * n, 20000) == 0);
   CHECK(fi_cntr_read(sent) == 2 * n);
@@ -469,13 +479,15 @@ TEST_CASE("fi_cntr_wait begun before its counter was bound to a bridge drives th
     tid = static_cast<pid_t>(::syscall(SYS_gettid));
     rc = fi_cntr_wait(sent, 1, 20000);
   });
-  REQUIRE(eventually_blocked(tid));  // asleep, with nothing bound
+  REQUIRE(eventually_blocked(tid)); // asleep, with nothing bound
   REQUIRE(compcntr_fi_bridge_bind(ba, compcntr_fi_cntr_comp_cntr(sent), FI_SEND) == 0);
   auto pump_b = [&] { compcntr_fi_bridge_progress(bb); };
-  REQUIRE(fabtest::post([&] { return fi_recv(e->b.ep, e->b.buf, 64, e->b.desc, e->a.addr, e->ctx()); },
-                        pump_b) == 0);
-  REQUIRE(fabtest::post([&] { return fi_send(e->a.ep, e->a.buf, 8, e->a.desc, e->b.addr, e->ctx()); },
-                        pump_b) == 0);
+  REQUIRE(
+      fabtest::post([&] { return fi_recv(e->b.ep, e->b.buf, 64, e->b.desc, e->a.addr, e->ctx()); },
+                    pump_b) == 0);
+  REQUIRE(
+      fabtest::post([&] { return fi_send(e->a.ep, e->a.buf, 8, e->a.desc, e->b.addr, e->ctx()); },
+                    pump_b) == 0);
   CHECK(fabtest::until([&] { return rc.load() != 1; }, pump_b));
   w.join();
   CHECK(rc.load() == 0);

@@ -125,7 +125,8 @@ void run(const profile& p, bool batched) {
     return;
   }
   env& e = *h.e;
-  INFO("provider ", e.provider, batched ? " (bridge knows the CQ format)" : " (bridge reads the common prefix)");
+  INFO("provider ", e.provider,
+       batched ? " (bridge knows the CQ format)" : " (bridge reads the common prefix)");
   h.dev = compcntr_open_device("soft");
   REQUIRE(h.dev);
   compcntr_fi_bridge_attr attr{};
@@ -147,19 +148,33 @@ void run(const profile& p, bool batched) {
   // ---- 1. messages, both directions, lengths 1..64 ----------------------------------------------
   constexpr int n_ab = 200, n_ba = 150;
   for (int i = 0; i < n_ab; ++i)
-    REQUIRE(post([&] { return fi_recv(e.b.ep, e.b.buf + 64 * i, 64, e.b.desc, e.a.addr, e.ctx()); }, pump) == 0);
+    REQUIRE(post([&] { return fi_recv(e.b.ep, e.b.buf + 64 * i, 64, e.b.desc, e.a.addr, e.ctx()); },
+                 pump) == 0);
   for (int i = 0; i < n_ba; ++i)
-    REQUIRE(post([&] { return fi_recv(e.a.ep, e.a.buf + 64 * i, 64, e.a.desc, e.b.addr, e.ctx()); }, pump) == 0);
+    REQUIRE(post([&] { return fi_recv(e.a.ep, e.a.buf + 64 * i, 64, e.a.desc, e.b.addr, e.ctx()); },
+                 pump) == 0);
   for (int i = 0; i < n_ab || i < n_ba; ++i) {
     if (i < n_ab)
-      REQUIRE(post([&] { return fi_send(e.a.ep, e.a.buf + 32768, 1 + i % 64, e.a.desc, e.b.addr, e.ctx()); }, pump) == 0);
+      REQUIRE(post(
+                  [&] {
+                    return fi_send(e.a.ep, e.a.buf + 32768, 1 + i % 64, e.a.desc, e.b.addr,
+                                   e.ctx());
+                  },
+                  pump) == 0);
     if (i < n_ba)
-      REQUIRE(post([&] { return fi_send(e.b.ep, e.b.buf + 32768, 1 + i % 64, e.b.desc, e.a.addr, e.ctx()); }, pump) == 0);
+      REQUIRE(post(
+                  [&] {
+                    return fi_send(e.b.ep, e.b.buf + 32768, 1 + i % 64, e.b.desc, e.a.addr,
+                                   e.ctx());
+                  },
+                  pump) == 0);
   }
-  REQUIRE(until([&] {
-    return e.a.value(c_send) == n_ab && e.b.value(c_recv) == n_ab && e.b.value(c_send) == n_ba &&
-           e.a.value(c_recv) == n_ba && h.all_agree();
-  }, pump));
+  REQUIRE(until(
+      [&] {
+        return e.a.value(c_send) == n_ab && e.b.value(c_recv) == n_ab &&
+               e.b.value(c_send) == n_ba && e.a.value(c_recv) == n_ba && h.all_agree();
+      },
+      pump));
   h.check_all_agree("messages");
   CHECK(h.A.value(c_send) == n_ab);
   CHECK(h.B.value(c_recv) == n_ab);
@@ -170,22 +185,29 @@ void run(const profile& p, bool batched) {
   // ---- 2. RMA writes and reads A -> B ---------------------------------------------------------
   constexpr int n_write = 40, n_read = 30;
   for (int i = 0; i < n_write; ++i)
-    REQUIRE(post([&] {
-      return fi_write(e.a.ep, e.a.buf + 40960, 128, e.a.desc, e.b.addr, e.remote(e.b, 16384 + 128 * (i % 16)),
-                      e.b.key, e.ctx());
-    }, pump) == 0);
+    REQUIRE(post(
+                [&] {
+                  return fi_write(e.a.ep, e.a.buf + 40960, 128, e.a.desc, e.b.addr,
+                                  e.remote(e.b, 16384 + 128 * (i % 16)), e.b.key, e.ctx());
+                },
+                pump) == 0);
   for (int i = 0; i < n_read; ++i)
-    REQUIRE(post([&] {
-      return fi_read(e.a.ep, e.a.buf + 49152 + 128 * (i % 16), 128, e.a.desc, e.b.addr, e.remote(e.b, 16384),
-                     e.b.key, e.ctx());
-    }, pump) == 0);
+    REQUIRE(post(
+                [&] {
+                  return fi_read(e.a.ep, e.a.buf + 49152 + 128 * (i % 16), 128, e.a.desc, e.b.addr,
+                                 e.remote(e.b, 16384), e.b.key, e.ctx());
+                },
+                pump) == 0);
   const std::uint64_t remote_expected_w = p.remote_events_all ? n_write : 0;
   const std::uint64_t remote_expected_r = p.remote_events_all ? n_read : 0;
-  REQUIRE(until([&] {
-    return e.a.value(c_write) == n_write && e.a.value(c_read) == n_read && h.A.value(c_write) == n_write &&
-           h.A.value(c_read) == n_read &&
-           (!v117 || (e.b.value(c_rwrite) == remote_expected_w && e.b.value(c_rread) == remote_expected_r));
-  }, pump));
+  REQUIRE(until(
+      [&] {
+        return e.a.value(c_write) == n_write && e.a.value(c_read) == n_read &&
+               h.A.value(c_write) == n_write && h.A.value(c_read) == n_read &&
+               (!v117 || (e.b.value(c_rwrite) == remote_expected_w &&
+                          e.b.value(c_rread) == remote_expected_r));
+      },
+      pump));
   // Local RMA completions agree exactly. Plain remote writes and reads produce no CQ entry at
   // the target on any provider, so the bridge counts none; rxd and shm (FI_RMA_EVENT) count
   // them in their remote counters, rxm does not.
@@ -206,33 +228,42 @@ void run(const profile& p, bool batched) {
   constexpr int n_wdata = 20;
   const std::uint64_t prov_rw0 = e.b.value(c_rwrite);
   for (int i = 0; i < n_wdata; ++i)
-    REQUIRE(post([&] {
-      return fi_writedata(e.a.ep, e.a.buf + 40960, 32 + i, e.a.desc, 0xc0ffee00u + i, e.b.addr,
-                          e.remote(e.b, 20480), e.b.key, e.ctx());
-    }, pump) == 0);
-  REQUIRE(until([&] {
-    return h.B.value(c_rwrite) == n_wdata && e.b.value(c_rwrite) == prov_rw0 + n_wdata &&
-           h.A.value(c_write) == n_write + n_wdata && e.a.value(c_write) == n_write + n_wdata;
-  }, pump));
-  CHECK(e.b.value(c_rwrite) - prov_rw0 == h.B.value(c_rwrite));  // the remote events agree exactly
-  if (!p.remote_events_all) h.check_all_agree("writedata");   // rxm: every class, absolute
+    REQUIRE(post(
+                [&] {
+                  return fi_writedata(e.a.ep, e.a.buf + 40960, 32 + i, e.a.desc, 0xc0ffee00u + i,
+                                      e.b.addr, e.remote(e.b, 20480), e.b.key, e.ctx());
+                },
+                pump) == 0);
+  REQUIRE(until(
+      [&] {
+        return h.B.value(c_rwrite) == n_wdata && e.b.value(c_rwrite) == prov_rw0 + n_wdata &&
+               h.A.value(c_write) == n_write + n_wdata && e.a.value(c_write) == n_write + n_wdata;
+      },
+      pump));
+  CHECK(e.b.value(c_rwrite) - prov_rw0 == h.B.value(c_rwrite)); // the remote events agree exactly
+  if (!p.remote_events_all) h.check_all_agree("writedata"); // rxm: every class, absolute
   h.check_accounting("writedata");
 
   // ---- 4. a receive truncation: 64 bytes into an 8-byte buffer --------------------------------
   const std::uint64_t recv_ok0 = e.b.value(c_recv), recv_err0 = e.b.errors(c_recv);
   const std::uint64_t br_ok0 = h.B.value(c_recv), br_err0 = h.B.errors(c_recv);
-  REQUIRE(post([&] { return fi_recv(e.b.ep, e.b.buf, 8, e.b.desc, e.a.addr, e.ctx()); }, pump) == 0);
-  REQUIRE(post([&] { return fi_send(e.a.ep, e.a.buf + 32768, 64, e.a.desc, e.b.addr, e.ctx()); }, pump) == 0);
-  REQUIRE(until([&] {
-    return h.B.value(c_recv) + h.B.errors(c_recv) == br_ok0 + br_err0 + 1 && e.a.value(c_send) == n_ab + 1 &&
-           h.A.value(c_send) == n_ab + 1;
-  }, pump));
+  REQUIRE(post([&] { return fi_recv(e.b.ep, e.b.buf, 8, e.b.desc, e.a.addr, e.ctx()); }, pump) ==
+          0);
+  REQUIRE(post([&] { return fi_send(e.a.ep, e.a.buf + 32768, 64, e.a.desc, e.b.addr, e.ctx()); },
+               pump) == 0);
+  REQUIRE(until(
+      [&] {
+        return h.B.value(c_recv) + h.B.errors(c_recv) == br_ok0 + br_err0 + 1 &&
+               e.a.value(c_send) == n_ab + 1 && h.A.value(c_send) == n_ab + 1;
+      },
+      pump));
   CHECK(h.B.errors(c_recv) - br_err0 == (p.trunc_cq_error ? 1u : 0u));
   CHECK(h.B.value(c_recv) - br_ok0 == (p.trunc_cq_error ? 0u : 1u));
   if (v117) {
     CHECK(e.b.errors(c_recv) - recv_err0 == (p.trunc_cntr_error ? 1u : 0u));
     CHECK(e.b.value(c_recv) - recv_ok0 == (p.trunc_cq_error ? 0u : 1u));
-    if (p.trunc_cq_error == p.trunc_cntr_error && !p.remote_events_all) h.check_all_agree("truncation");
+    if (p.trunc_cq_error == p.trunc_cntr_error && !p.remote_events_all)
+      h.check_all_agree("truncation");
   }
   h.check_accounting("truncation");
 
@@ -242,7 +273,8 @@ void run(const profile& p, bool batched) {
   // mmap_min_addr (64 KiB), never mapped. rxd checks nothing at all and would read whatever
   // lies at the address, so it gets no bad read.
   if (p.bad_read == profile::read_succeeds) {
-    MESSAGE(p.name, ": no bad-read phase (the provider does not validate RMA targets in libfabric 1.17)");
+    MESSAGE(p.name,
+            ": no bad-read phase (the provider does not validate RMA targets in libfabric 1.17)");
     h.check_accounting("end");
     CHECK(h.progress_error == 0);
     return;
@@ -253,19 +285,27 @@ void run(const profile& p, bool batched) {
     prov0[c][0] = e.a.value(c), prov0[c][1] = e.a.errors(c);
     br0[c][0] = h.A.value(c), br0[c][1] = h.A.errors(c);
   }
-  const std::uint64_t bad_addr = p.bad_read == profile::read_error_on_send_cntr ? e.remote(e.b, 1 << 20) : 4096;
-  REQUIRE(post([&] {
-    return fi_read(e.a.ep, e.a.buf + 49152, 64, e.a.desc, e.b.addr, bad_addr, e.b.key, e.ctx());
-  }, pump) == 0);
-  REQUIRE(until([&] {
-    const auto st = h.A.stats();
-    return st.entries + st.errors == st0.entries + st0.errors + 1;
-  }, pump));
+  const std::uint64_t bad_addr =
+      p.bad_read == profile::read_error_on_send_cntr ? e.remote(e.b, 1 << 20) : 4096;
+  REQUIRE(post(
+              [&] {
+                return fi_read(e.a.ep, e.a.buf + 49152, 64, e.a.desc, e.b.addr, bad_addr, e.b.key,
+                               e.ctx());
+              },
+              pump) == 0);
+  REQUIRE(until(
+      [&] {
+        const auto st = h.A.stats();
+        return st.entries + st.errors == st0.entries + st0.errors + 1;
+      },
+      pump));
   const auto st1 = h.A.stats();
-  CHECK(st1.errors - st0.errors == 1);  // the read completed in error, as one CQ error entry
+  CHECK(st1.errors - st0.errors == 1); // the read completed in error, as one CQ error entry
   const std::uint64_t unflagged = st1.unclassified - st0.unclassified;
   // Delta of class c (value or errors) since the phase began.
-  auto prov_d = [&](int c, int err) { return (err ? e.a.errors(c) : e.a.value(c)) - prov0[c][err]; };
+  auto prov_d = [&](int c, int err) {
+    return (err ? e.a.errors(c) : e.a.value(c)) - prov0[c][err];
+  };
   auto br_d = [&](int c, int err) { return (err ? h.A.errors(c) : h.A.value(c)) - br0[c][err]; };
   if (v117 && p.bad_read == profile::read_error_on_send_cntr) {
     // The error entry is FI_RMA | FI_READ (the read was cancelled with its connection) or has
@@ -282,7 +322,7 @@ void run(const profile& p, bool batched) {
   }
   for (int c = 0; c < n_cls; ++c) {
     INFO("bad read: ", cls_name[c]);
-    CHECK(prov_d(c, 0) == 0);  // nothing succeeded
+    CHECK(prov_d(c, 0) == 0); // nothing succeeded
     CHECK(br_d(c, 0) == 0);
   }
   // Error totals of the endpoint: the bridge's (classified + unclassified) equals the
@@ -294,11 +334,23 @@ void run(const profile& p, bool batched) {
   CHECK(h.progress_error == 0);
 }
 
-}  // namespace
+} // namespace
 
-TEST_CASE("tcp;ofi_rxm: bridged counts equal the provider's counters (prefix reads)") { run(profiles[0], false); }
-TEST_CASE("tcp;ofi_rxm: bridged counts equal the provider's counters (batched reads)") { run(profiles[0], true); }
-TEST_CASE("udp;ofi_rxd: bridged counts equal the provider's counters (prefix reads)") { run(profiles[1], false); }
-TEST_CASE("udp;ofi_rxd: bridged counts equal the provider's counters (batched reads)") { run(profiles[1], true); }
-TEST_CASE("shm: bridged counts equal the provider's counters (prefix reads)") { run(profiles[2], false); }
-TEST_CASE("shm: bridged counts equal the provider's counters (batched reads)") { run(profiles[2], true); }
+TEST_CASE("tcp;ofi_rxm: bridged counts equal the provider's counters (prefix reads)") {
+  run(profiles[0], false);
+}
+TEST_CASE("tcp;ofi_rxm: bridged counts equal the provider's counters (batched reads)") {
+  run(profiles[0], true);
+}
+TEST_CASE("udp;ofi_rxd: bridged counts equal the provider's counters (prefix reads)") {
+  run(profiles[1], false);
+}
+TEST_CASE("udp;ofi_rxd: bridged counts equal the provider's counters (batched reads)") {
+  run(profiles[1], true);
+}
+TEST_CASE("shm: bridged counts equal the provider's counters (prefix reads)") {
+  run(profiles[2], false);
+}
+TEST_CASE("shm: bridged counts equal the provider's counters (batched reads)") {
+  run(profiles[2], true);
+}

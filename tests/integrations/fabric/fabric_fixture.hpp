@@ -28,9 +28,10 @@
 namespace fabtest {
 
 enum cls : int { c_send, c_recv, c_read, c_write, c_rread, c_rwrite, n_cls };
-inline constexpr std::uint64_t cls_flag[n_cls] = {FI_SEND, FI_RECV,        FI_READ,
+inline constexpr std::uint64_t cls_flag[n_cls] = {FI_SEND,  FI_RECV,        FI_READ,
                                                   FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE};
-inline constexpr const char* cls_name[n_cls] = {"send", "recv", "read", "write", "remote read", "remote write"};
+inline constexpr const char* cls_name[n_cls] = {"send",  "recv",        "read",
+                                                "write", "remote read", "remote write"};
 
 inline constexpr std::size_t buf_size = 1 << 16;
 
@@ -105,7 +106,8 @@ class env {
     fi_freeinfo(hints);
     if (ret) {
       e->info = nullptr;
-      return why = "fi_getinfo(" + prov + ", FI_EP_RDM" + (ip ? ", 127.0.0.1" : "") + "): " + fi_strerror(-ret),
+      return why = "fi_getinfo(" + prov + ", FI_EP_RDM" + (ip ? ", 127.0.0.1" : "") +
+                   "): " + fi_strerror(-ret),
              nullptr;
     }
     e->provider = e->info->fabric_attr->prov_name ? e->info->fabric_attr->prov_name : prov;
@@ -118,7 +120,7 @@ class env {
     fi_av_attr av_attr{};
     av_attr.type = FI_AV_TABLE;
     if ((ret = fi_av_open(e->domain, &av_attr, &e->av, nullptr))) return err("fi_av_open", ret);
-    static std::uint64_t next_key = 1;  // requested keys must differ within a domain
+    static std::uint64_t next_key = 1; // requested keys must differ within a domain
     for (endpoint* s : {&e->a, &e->b}) {
       fi_cq_attr cq_attr{};
       cq_attr.format = o.format;
@@ -126,21 +128,26 @@ class env {
       if ((ret = fi_cq_open(e->domain, &cq_attr, &s->cq, nullptr))) return err("fi_cq_open", ret);
       if ((ret = fi_endpoint(e->domain, e->info, &s->ep, nullptr))) return err("fi_endpoint", ret);
       if ((ret = fi_ep_bind(s->ep, &e->av->fid, 0))) return err("fi_ep_bind(av)", ret);
-      if ((ret = fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV))) return err("fi_ep_bind(cq)", ret);
+      if ((ret = fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV)))
+        return err("fi_ep_bind(cq)", ret);
       if (o.provider_counters)
         for (int c = 0; c < n_cls; ++c) {
           fi_cntr_attr ca{};
           ca.events = FI_CNTR_EVENTS_COMP;
           ca.wait_obj = FI_WAIT_NONE;
-          if ((ret = fi_cntr_open(e->domain, &ca, &s->cntr[c], nullptr))) return err("fi_cntr_open", ret);
-          if ((ret = fi_ep_bind(s->ep, &s->cntr[c]->fid, cls_flag[c]))) return err("fi_ep_bind(cntr)", ret);
+          if ((ret = fi_cntr_open(e->domain, &ca, &s->cntr[c], nullptr)))
+            return err("fi_cntr_open", ret);
+          if ((ret = fi_ep_bind(s->ep, &s->cntr[c]->fid, cls_flag[c])))
+            return err("fi_ep_bind(cntr)", ret);
         }
       if ((ret = fi_enable(s->ep))) return err("fi_enable", ret);
-      if (posix_memalign(reinterpret_cast<void**>(&s->buf), 4096, buf_size)) return why = "posix_memalign", nullptr;
+      if (posix_memalign(reinterpret_cast<void**>(&s->buf), 4096, buf_size))
+        return why = "posix_memalign", nullptr;
       std::memset(s->buf, 0, buf_size);
-      if ((ret = fi_mr_reg(e->domain, s->buf, buf_size,
-                           FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, 0,
-                           next_key++, 0, &s->mr, nullptr)))
+      if ((ret =
+               fi_mr_reg(e->domain, s->buf, buf_size,
+                         FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE,
+                         0, next_key++, 0, &s->mr, nullptr)))
         return err("fi_mr_reg", ret);
       s->desc = fi_mr_desc(s->mr);
       s->key = fi_mr_key(s->mr);
@@ -149,7 +156,8 @@ class env {
       char name[256];
       std::size_t len = sizeof name;
       if ((ret = fi_getname(&s->ep->fid, name, &len))) return err("fi_getname", ret);
-      if (fi_av_insert(e->av, name, 1, &s->addr, 0, nullptr) != 1) return why = "fi_av_insert failed", nullptr;
+      if (fi_av_insert(e->av, name, 1, &s->addr, 0, nullptr) != 1)
+        return why = "fi_av_insert failed", nullptr;
     }
     return e;
   }
@@ -180,6 +188,6 @@ bool until(Done done, Pump pump, std::chrono::milliseconds limit = std::chrono::
   return true;
 }
 
-}  // namespace fabtest
+} // namespace fabtest
 
 #endif

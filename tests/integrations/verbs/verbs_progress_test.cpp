@@ -87,9 +87,11 @@ TEST_CASE("a waiter asleep before its counter was attached to a wrapped QP drive
   std::atomic<long long> wait_ms{-1};
   std::thread waiter([&] {
     const auto t0 = std::chrono::steady_clock::now();
-    wait_result = static_cast<int>(compcntr::wait(sends, 1, 20s, compcntr::wait_options{.spin = 0ns}));
-    wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                  std::chrono::steady_clock::now() - t0).count();
+    wait_result =
+        static_cast<int>(compcntr::wait(sends, 1, 20s, compcntr::wait_options{.spin = 0ns}));
+    wait_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
   });
   std::atomic<int> poll_status{-1};
   std::atomic<long long> poll_ms{-1};
@@ -101,8 +103,9 @@ TEST_CASE("a waiter asleep before its counter was attached to a wrapped QP drive
                                       std::span<const std::uint64_t>(thresholds), 20s,
                                       compcntr::wait_options{.spin = 0ns});
     poll_status = static_cast<int>(r.status);
-    poll_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                  std::chrono::steady_clock::now() - t0).count();
+    poll_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
   });
   // Both asleep in the kernel (registered) before the QP exists.
   while ((s_slot->watch.load() & compcntr::detail::watch_sleepers_mask) == 0 ||
@@ -163,7 +166,8 @@ TEST_CASE("a CQ is drained by one device, an ibv_qp is wrapped once in the proce
   auto wb = d2.wrap_verbs_qp(&b, on(cq), ec);         // another QP on the CQ d1 drains
   CHECK(ec == std::errc::device_or_resource_busy);
   CHECK(!wb);
-  CHECK(std::string(compcntr::last_error_message()).find("another compcntr device") != std::string::npos);
+  CHECK(std::string(compcntr::last_error_message()).find("another compcntr device") !=
+        std::string::npos);
   // Refused: nothing registered on d2, d1 unchanged.
   auto ca = make_counter(d1);
   attach(wa, ca, bits(attach_op::send));

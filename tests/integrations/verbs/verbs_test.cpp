@@ -221,7 +221,8 @@ TEST_CASE("send-queue lengths come from wr_info when given, else from byte_len")
   CHECK(asked == 3);
 }
 
-TEST_CASE("error completions: receive CQ -> RECV, wr_info names the op, else the lowest attached op") {
+TEST_CASE(
+    "error completions: receive CQ -> RECV, wr_info names the op, else the lowest attached op") {
   auto dev = open_soft();
   std::error_code ec;
 

@@ -58,7 +58,7 @@ struct ibv_qp_attach_comp_cntr_attr {
 
 int ibv_query_comp_cntr_caps(struct ibv_context *context, struct ibv_comp_cntr_caps *caps);
 struct ibv_comp_cntr *ibv_create_comp_cntr(struct ibv_context *context,
-					   struct ibv_comp_cntr_init_attr *cc_attr);
+                                           struct ibv_comp_cntr_init_attr *cc_attr);
 int ibv_destroy_comp_cntr(struct ibv_comp_cntr *comp_cntr);
 int ibv_set_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t value);
 int ibv_set_err_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t value);
@@ -67,7 +67,7 @@ int ibv_inc_err_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t amount);
 int ibv_read_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t *value);
 int ibv_read_err_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t *value);
 int ibv_qp_attach_comp_cntr(struct ibv_qp *qp, struct ibv_comp_cntr *comp_cntr,
-			    struct ibv_qp_attach_comp_cntr_attr *attr);
+                            struct ibv_qp_attach_comp_cntr_attr *attr);
 
 /* efadv_create_comp_cntr(3) */
 enum {
@@ -100,9 +100,9 @@ struct efadv_comp_cntr_init_attr {
 };
 
 struct ibv_comp_cntr *efadv_create_comp_cntr(struct ibv_context *ibvctx,
-					     struct ibv_comp_cntr_init_attr *attr,
-					     struct efadv_comp_cntr_init_attr *efa_attr,
-					     uint32_t inlen);
+                                             struct ibv_comp_cntr_init_attr *attr,
+                                             struct efadv_comp_cntr_init_attr *efa_attr,
+                                             uint32_t inlen);
 
 #ifdef __cplusplus
 }
