@@ -15,13 +15,14 @@
 #include <vector>
 
 #include "blocked.hpp"
+#include "c_support.hpp"
 #include "wait_util.hpp"
 
 namespace {
 
-std::string msg() { return compcntr_last_error_message(); }
-bool has(const char* what) { return msg().find(what) != std::string::npos; }
-pid_t this_tid() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+using c_support::has;
+using c_support::msg;
+using c_support::this_tid;
 
 struct fixture {
   compcntr_device* dev = compcntr_open_device("soft");

@@ -21,21 +21,14 @@
 #include <vector>
 
 #include "blocked.hpp"
+#include "c_support.hpp"
 
 namespace {
 
-std::string msg() { return compcntr_last_error_message(); }
-bool has(const char* what) { return msg().find(what) != std::string::npos; }
-pid_t this_tid() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
-
-compcntr_comp_cntr* make_cc(compcntr_device* dev,
-                            compcntr_comp_cntr_type type = COMPCNTR_COMP_CNTR_TYPE_WRS) {
-  compcntr_comp_cntr_init_attr a{};
-  a.type = type;
-  compcntr_comp_cntr* cc = compcntr_create_comp_cntr(dev, &a);
-  REQUIRE(cc != nullptr);
-  return cc;
-}
+using c_support::has;
+using c_support::msg;
+using c_support::this_tid;
+using c_support::make_cc;
 
 struct device_fixture {
   compcntr_device* dev = compcntr_open_device("soft");
