@@ -133,26 +133,28 @@ class slot_pool {
   inline std::uint32_t capacity() const noexcept { return capacity_; }
   /// Slots live or being created (relaxed snapshot).
   inline std::uint32_t live() const noexcept {
-    return static_cast<std::uint32_t>(live_->load(std::memory_order_relaxed));
+    return static_cast<std::uint32_t>(top_->count.load(std::memory_order_relaxed));
   }
 
   // The pool's live-slot count shares one word with a count of "holds" its owner keeps on it
   // (high 32 bits: a device's handle and its objects other than counters), so the owner learns
-  // with the RMW that releases a slot whether nothing at all is left -- one locked instruction
-  // per create and per destroy for both the capacity and the owner's lifetime (P7).
+  // with the RMW that releases a slot whether nothing at all is left; and that word sits beside
+  // node 0's free-list head, so one 16-byte CAS takes a free slot and counts it (top_pair): one
+  // locked instruction per create and per destroy for the slot, the capacity and the owner's
+  // lifetime (P7).
   /// One more hold. Memory ordering: relaxed (the caller already holds one or owns the pool).
-  inline void hold() noexcept { live_->fetch_add(hold_unit, std::memory_order_relaxed); }
+  inline void hold() noexcept { top_->count.fetch_add(hold_unit, std::memory_order_relaxed); }
   /// Drops a hold; true if no hold and no live slot remain (the owner may delete the pool).
   /// Memory ordering: acq_rel (the last one sees every write made under every hold and slot).
   inline bool unhold() noexcept {
-    return live_->fetch_sub(hold_unit, std::memory_order_acq_rel) == hold_unit;
+    return top_->count.fetch_sub(hold_unit, std::memory_order_acq_rel) == hold_unit;
   }
   /// Drops the caller's hold if it is the only thing left (one hold, no live slot): true. Else
   /// false and nothing changes; `holds` and `live` then say what remains. Memory ordering: as
   /// unhold() on success.
   inline bool unhold_if_last(std::uint32_t& holds, std::uint32_t& live_slots) noexcept {
     std::uint64_t expected = hold_unit;
-    if (live_->compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
+    if (top_->count.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
                                        std::memory_order_acquire))
       return true;
     holds = static_cast<std::uint32_t>(expected >> 32);
@@ -160,7 +162,7 @@ class slot_pool {
     return false;
   }
   inline std::uint32_t holds() const noexcept {
-    return static_cast<std::uint32_t>(live_->load(std::memory_order_acquire) >> 32);
+    return static_cast<std::uint32_t>(top_->count.load(std::memory_order_acquire) >> 32);
   }
 
   /// Number of NUMA nodes, and the OS index of the i-th (0 <= i < numa_nodes(), ascending).
@@ -201,9 +203,21 @@ class slot_pool {
   };
   /// Per node: the free-list head and the bump word on lines of their own.
   struct node_state {
-    cache_padded<std::atomic<std::uint64_t>> free_head; ///< tag << 32 | (index + 1); 0 = empty
+    /// The node's free list, tag << 32 | (index + 1), 0 = empty: &own_head, or for node 0
+    /// &top_->list (beside the pool's counts).
+    std::atomic<std::uint64_t>* head = nullptr;
+    cache_padded<std::atomic<std::uint64_t>> own_head;
     cache_padded<std::atomic<std::uint64_t>> bump; ///< (arena + 1) << 32 | next position
     int os_index = 0;
+  };
+  /// Node 0's free-list head and the pool's counts, adjacent and 16-byte aligned, so that one
+  /// 16-byte CAS (cmpxchg16b) pops a slot and counts it, or pushes it back and uncounts it
+  /// (fused_). The words are also used alone: 8-byte CASes on `list` (pops for other nodes'
+  /// threads once node 0 is the fallback) and 8-byte RMWs on `count` (holds, reservations on
+  /// the general path) are atomic with respect to the 16-byte ones on the same line.
+  struct alignas(16) top_pair {
+    std::atomic<std::uint64_t> list{0};   ///< node 0's free list (see node_state::head)
+    std::atomic<std::uint64_t> count{0};  ///< holds << 32 | slots live or being created
   };
   enum class grow_result { grown, retry, no_budget, no_memory };
 
@@ -213,6 +227,10 @@ class slot_pool {
   }
   int current_dense_node() const noexcept;
   bool reserve() noexcept;
+  slot* pop_counted() noexcept;
+  bool push_uncounted(slot& s) noexcept;
+  slot* allocate_general(int node, std::error_code& ec) noexcept;
+  slot* fail_node(int numa_node, std::error_code& ec) noexcept;
   slot* take(int node, std::error_code& ec) noexcept;
   slot* pop_free(node_state& n) noexcept;
   void push_free(node_state& n, slot& s) noexcept;
@@ -236,8 +254,11 @@ class slot_pool {
   std::unique_ptr<arena_entry[]> arenas_; ///< arena_budget_ entries
   numa_topology* topo_ = nullptr;
   static constexpr std::uint64_t hold_unit = std::uint64_t{1} << 32;
-  /// holds << 32 | slots live or being created (see hold())
-  cache_padded<std::atomic<std::uint64_t>> live_;
+  /// Node 0's free list and holds << 32 | slots live or being created (see hold(), top_pair).
+  cache_padded<top_pair> top_;
+  /// Whether node 0's pops and pushes use the 16-byte CAS on top_ (the CPU has one: cmpxchg16b
+  /// on x86-64); else they are an 8-byte CAS on the list plus an RMW on the count.
+  bool fused_ = false;
   std::atomic<std::uint32_t> arenas_used_{0}; ///< written under grow_
   std::atomic<std::uint32_t> unbound_arenas_{0};
   mutable std::mutex grow_; ///< arena creation (and status()) only

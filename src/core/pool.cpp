@@ -52,6 +52,15 @@ module;
 #include <string>
 #include <system_error>
 #include <type_traits>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#include <sanitizer/tsan_interface.h>
+#define COMPCNTR_POOL_TSAN 1
+#endif
+#endif
 module compcntr;
 
 namespace compcntr::detail {
@@ -70,6 +79,54 @@ std::uint32_t round_up_pow2(std::uint32_t v) noexcept {
   while (p < v) p <<= 1;
   return p;
 }
+
+// The 16-byte CAS of slot_pool::top_pair: {lo, hi} -> {new_lo, new_hi} if the 16 bytes at `p`
+// still hold {lo, hi}; else false with {lo, hi} = what they hold. A full barrier (lock prefix),
+// so it is as strong as the acq_rel CAS the callers document.
+//   x86-64: cmpxchg16b in inline asm. Clang lowers a 16-byte __atomic CAS to a libatomic call
+//     unless the whole translation unit has -mcx16, and the module interface units cannot get it
+//     (importers would need it too). ThreadSanitizer does not see the asm: the release before and
+//     the acquire after tell it what the CAS synchronises, and every other access to these words
+//     is atomic.
+//   elsewhere: the compiler's 16-byte atomic (AArch64: ldaxp/stlxp or casp, inline).
+[[gnu::always_inline]] inline bool cas_pair(void* p, std::uint64_t& lo, std::uint64_t& hi,
+                                            std::uint64_t new_lo, std::uint64_t new_hi) noexcept {
+#if defined(__x86_64__)
+#ifdef COMPCNTR_POOL_TSAN
+  __tsan_release(p);
+#endif
+  bool ok;
+  asm volatile("lock cmpxchg16b %1"
+               : "=@ccz"(ok), "+m"(*static_cast<unsigned __int128*>(p)), "+a"(lo), "+d"(hi)
+               : "b"(new_lo), "c"(new_hi)
+               : "memory");
+#ifdef COMPCNTR_POOL_TSAN
+  if (ok) __tsan_acquire(p);
+#endif
+  return ok;
+#else
+  unsigned __int128 expected = static_cast<unsigned __int128>(hi) << 64 | lo;
+  const unsigned __int128 desired = static_cast<unsigned __int128>(new_hi) << 64 | new_lo;
+  const bool ok = __atomic_compare_exchange_n(static_cast<unsigned __int128*>(p), &expected,
+                                              desired, true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  lo = static_cast<std::uint64_t>(expected);
+  hi = static_cast<std::uint64_t>(expected >> 64);
+  return ok;
+#endif
+}
+
+// Whether cas_pair is lock-free here: cmpxchg16b (CPUID.01H:ECX bit 13, absent only on the
+// first x86-64 CPUs), or a target whose compiler inlines 16-byte atomics.
+bool have_cas_pair() noexcept {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_CMPXCHG16B) != 0;
+#elif defined(__aarch64__)
+  return __atomic_always_lock_free(16, 0);
+#else
+  return false;
+#endif
+}
 }  // namespace
 
 slot_pool::slot_pool(std::uint32_t capacity) noexcept
@@ -79,6 +136,10 @@ slot_pool::slot_pool(const pool_config& cfg) noexcept
     : capacity_(cfg.capacity > max_capacity ? max_capacity : cfg.capacity),
       current_cpu_(cfg.current_cpu),
       fail_arena_alloc_(cfg.fail_arena_alloc) {
+  static_assert(sizeof(top_pair) == 16 && alignof(top_pair) == 16 &&
+                    offsetof(top_pair, count) == 8,
+                "cas_pair treats top_pair as one 16-byte word: list low, count high");
+  fused_ = have_cas_pair();
   topo_ = load_numa_topology(cfg);
   const int topo_nodes = numa_topology_nodes(topo_);
   node_count_ = topo_nodes > 0 ? topo_nodes : 1;
@@ -117,11 +178,14 @@ slot_pool::slot_pool(const pool_config& cfg) noexcept
   if (!nodes_ || !arenas_ || !os_to_dense_ || !cpu_to_dense_) {
     // Out of memory at device open: a pool that refuses every allocation (ENOMEM).
     if (!nodes_) nodes_.reset(new (std::nothrow) node_state[1]);
+    if (nodes_) nodes_[0].head = &top_->list;
     node_count_ = 1;
     capacity_ = arena_budget_ = 0;
     os_to_dense_size_ = cpu_to_dense_size_ = 0;
     return;
   }
+  nodes_[0].head = &top_->list;
+  for (int i = 1; i < node_count_; ++i) nodes_[i].head = &*nodes_[i].own_head;
   os_to_dense_size_ = max_os + 1;
   for (int i = 0; i < os_to_dense_size_; ++i) os_to_dense_[i] = -1;
   if (topo_nodes == 0) {
@@ -173,16 +237,16 @@ bool slot_pool::reserve() noexcept {
   // A CAS loop rather than fetch_add + undo: a transient over-count by a refused caller could
   // otherwise refuse another caller while fewer than capacity_ slots are live. The holds in the
   // high half are carried along unchanged.
-  std::uint64_t w = live_->load(std::memory_order_relaxed);
+  std::uint64_t w = top_->count.load(std::memory_order_relaxed);
   do {
     if (static_cast<std::uint32_t>(w) >= capacity_) return false;
-  } while (!live_->compare_exchange_weak(w, w + 1, std::memory_order_relaxed,
-                                         std::memory_order_relaxed));
+  } while (!top_->count.compare_exchange_weak(w, w + 1, std::memory_order_relaxed,
+                                              std::memory_order_relaxed));
   return true;
 }
 
 slot* slot_pool::pop_free(node_state& n) noexcept {
-  std::uint64_t head = n.free_head->load(std::memory_order_acquire);
+  std::uint64_t head = n.head->load(std::memory_order_acquire);
   while (lo_of(head) != 0) {
     slot* s = find(lo_of(head) - 1);
     // Safe even if `s` was popped (and reused) by another thread meanwhile: arenas are never
@@ -190,7 +254,7 @@ slot* slot_pool::pop_free(node_state& n) noexcept {
     // since we read it (ABA). A 32-bit tag can only be fooled by a thread stalled between its load
     // and its CAS while exactly a multiple of 2^32 pushes and pops hit this node.
     const std::uint32_t next = s->next_free.load(std::memory_order_relaxed);
-    if (n.free_head->compare_exchange_weak(head, pack(hi_of(head) + 1, next),
+    if (n.head->compare_exchange_weak(head, pack(hi_of(head) + 1, next),
                                            std::memory_order_acquire, std::memory_order_acquire)) {
       // The next pop will chase `next`: start its two cache misses now (a cold free list is a
       // linked list through 128 MB for a million counters; each hop is a dependent DRAM load).
@@ -205,10 +269,10 @@ slot* slot_pool::pop_free(node_state& n) noexcept {
 }
 
 void slot_pool::push_free(node_state& n, slot& s) noexcept {
-  std::uint64_t head = n.free_head->load(std::memory_order_relaxed);
+  std::uint64_t head = n.head->load(std::memory_order_relaxed);
   do {
     s.next_free.store(lo_of(head), std::memory_order_relaxed);
-  } while (!n.free_head->compare_exchange_weak(head, pack(hi_of(head) + 1, s.index + 1),
+  } while (!n.head->compare_exchange_weak(head, pack(hi_of(head) + 1, s.index + 1),
                                                std::memory_order_release,
                                                std::memory_order_relaxed));
 }
@@ -295,20 +359,56 @@ slot* slot_pool::take(int node, std::error_code& ec) noexcept {
   }
 }
 
-slot* slot_pool::allocate(int numa_node, std::error_code& ec) noexcept {
-  int node;
-  if (numa_node < 0) {
-    node = current_dense_node();
-  } else if ((node = dense_node(numa_node)) < 0) {
-    char list[128];
-    int len = 0;
-    for (int i = 0; i < node_count_ && len < 100; ++i)
-      len += std::snprintf(list + len, sizeof list - static_cast<std::size_t>(len), "%s%d",
-                           i ? "," : "", nodes_[i].os_index);
-    fail_into(ec, EINVAL, "NUMA node %d does not exist (this device's topology has node(s) %s)",
-              numa_node, list);
-    return nullptr;
+// Node 0's free list with the count, in one 16-byte CAS (fused_): a slot, counted, or nullptr
+// when the list is empty or the pool looks full (allocate_general decides exactly). The two
+// 8-byte loads may tear; they only seed the CAS, which compares all 16 bytes and on failure
+// returns a consistent pair. Memory ordering: acquire load of the head (the link read),
+// full-barrier CAS (acquires the releaser's writes, as pop_free's acquire CAS).
+slot* slot_pool::pop_counted() noexcept {
+  std::uint64_t lo = top_->list.load(std::memory_order_acquire);
+  std::uint64_t hi = top_->count.load(std::memory_order_relaxed);
+  for (;;) {
+    if (lo_of(lo) == 0 || lo_of(hi) >= capacity_) return nullptr;
+    slot* s = find(lo_of(lo) - 1);
+    // Safe on a slot popped meanwhile: as pop_free (arenas are never freed; the tag fails the CAS).
+    const std::uint32_t next = s->next_free.load(std::memory_order_relaxed);
+    if (cas_pair(&*top_, lo, hi, pack(hi_of(lo) + 1, next), hi + 1)) {
+      if (const slot* n2 = next != 0 ? find(next - 1) : nullptr) {  // as pop_free
+        __builtin_prefetch(n2, 1, 3);
+        __builtin_prefetch(reinterpret_cast<const char*>(n2) + cache_line_size, 1, 3);
+      }
+      return s;
+    }
   }
+}
+
+// A slot of node 0 back on its list and uncounted, in one 16-byte CAS (fused_). True if that
+// left no live slot and no hold. Memory ordering: full-barrier CAS (releases the owner's
+// writes to the next pop, and the last one acquires every earlier release: acq_rel).
+bool slot_pool::push_uncounted(slot& s) noexcept {
+  std::uint64_t lo = top_->list.load(std::memory_order_relaxed);
+  std::uint64_t hi = top_->count.load(std::memory_order_relaxed);
+  do {
+    s.next_free.store(lo_of(lo), std::memory_order_relaxed);
+  } while (!cas_pair(&*top_, lo, hi, pack(hi_of(lo) + 1, s.index + 1), hi - 1));
+  return hi == 1;  // hi is what the CAS replaced: this slot the only thing counted
+}
+
+[[gnu::noinline, gnu::cold]] slot* slot_pool::fail_node(int numa_node,
+                                                       std::error_code& ec) noexcept {
+  char list[128];
+  int len = 0;
+  for (int i = 0; i < node_count_ && len < 100; ++i)
+    len += std::snprintf(list + len, sizeof list - static_cast<std::size_t>(len), "%s%d",
+                         i ? "," : "", nodes_[i].os_index);
+  fail_into(ec, EINVAL, "NUMA node %d does not exist (this device's topology has node(s) %s)",
+            numa_node, list);
+  return nullptr;
+}
+
+// Every case but a free slot of node 0 on a fused pool: reserve (exact capacity), then a free,
+// never-used or new-arena slot of `node` or, once the arena budget is spent, of any node.
+[[gnu::noinline]] slot* slot_pool::allocate_general(int node, std::error_code& ec) noexcept {
   if (!reserve()) {
     fail_into(ec, ENOMEM,
               "counter pool is full: %u counters live (max_counters; set "
@@ -318,18 +418,38 @@ slot* slot_pool::allocate(int numa_node, std::error_code& ec) noexcept {
   }
   slot* s = take(node, ec);
   if (!s) {
-    live_->fetch_sub(1, std::memory_order_relaxed);
+    top_->count.fetch_sub(1, std::memory_order_relaxed);
     return nullptr;
   }
   reset_slot(*s);
   return s;
 }
 
+slot* slot_pool::allocate(int numa_node, std::error_code& ec) noexcept {
+  int node = 0;
+  if (numa_node >= 0) {
+    if ((node = dense_node(numa_node)) < 0) [[unlikely]]
+      return fail_node(numa_node, ec);
+  } else {
+    node = current_dense_node();
+  }
+  if (node == 0 && fused_) [[likely]] {
+    if (slot* s = pop_counted()) {
+      reset_slot(*s);
+      return s;
+    }
+  }
+  return allocate_general(node, ec);
+}
+
 bool slot_pool::release(slot& s) noexcept {
   // arenas_[..].node was written before the arena was published, which happens-before this
   // slot was handed out and therefore before its release.
-  push_free(nodes_[arenas_[s.index >> arena_shift_].node], s);
-  return live_->fetch_sub(1, std::memory_order_acq_rel) == 1;
+  const int node = arenas_[s.index >> arena_shift_].node;
+  if (node == 0 && fused_) [[likely]]
+    return push_uncounted(s);
+  push_free(nodes_[node], s);
+  return top_->count.fetch_sub(1, std::memory_order_acq_rel) == 1;
 }
 
 } // namespace compcntr::detail
