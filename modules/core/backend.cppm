@@ -73,6 +73,10 @@ class backend {
   /// Called when the counter's last reference is gone, before its slot returns to the pool.
   /// Must accept a slot whose bind_counter() failed (nothing to undo then). Default: nothing.
   virtual void unbind_counter(slot& s) noexcept;
+  /// Whether bind_counter() and unbind_counter() do anything here. Asked once, when the device
+  /// opens: false lets every counter creation and destruction skip both virtual calls (P7; the
+  /// software device). Default: true.
+  virtual bool binds_counters() const noexcept;
   /// The device side of an asynchronous counter query (compcntr:cmd_comp): fills out[i] with the
   /// values the device holds for *slots[i] now. Called on the device's command engine thread,
   /// one call per batch of up to command_engine_batch queries, every slot pinned (bound, never
@@ -191,7 +195,10 @@ class device_core {
     // asks again only for a refused type, to report the backend's reason).
     for (counter_type t : {counter_type::wrs, counter_type::bytes})
       if (!backend_->check_type(t)) types_ok_ |= 1u << static_cast<unsigned>(t);
+    binds_counters_ = backend_->binds_counters();
   }
+  /// backend::binds_counters(), as the backend answered at open.
+  inline bool binds_counters() const noexcept { return binds_counters_; }
   /// Whether the backend counts `t` (a valid counter_type), as backend::check_type said.
   inline bool type_ok(counter_type t) const noexcept {
     return (types_ok_ >> static_cast<unsigned>(t)) & 1u;
@@ -244,6 +251,7 @@ class device_core {
   slot_pool pool_;
   progress_registry progress_;
   std::uint32_t types_ok_ = 0;  ///< bit t: check_type(t) succeeded
+  bool binds_counters_ = true;  ///< backend::binds_counters()
   std::mutex services_mu_;                        ///< add_service only
   std::atomic<device_service*> services_{nullptr};  ///< newest first
 };

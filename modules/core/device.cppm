@@ -121,6 +121,7 @@ class device {
 
  private:
   inline explicit device(detail::device_core* c) noexcept : core_(c) {}
+  counter create_counter_general(const counter_options& opts, std::error_code& ec) noexcept;
   detail::device_core* core_ = nullptr;
 };
 

@@ -51,22 +51,37 @@ class slot_pool;
 /// Bit of slot::pins: the counter's last reference is gone; the last unpin finishes the slot.
 inline constexpr std::uint32_t pins_dead = 1u << 31;
 
+/// Stores `v` into `field` unless it holds `v` already (reset_slot).
+template <class T, class V>
+[[gnu::always_inline]] inline void reset_field(T& field, V v) noexcept {
+  if (field != v) [[unlikely]]
+    field = v;
+}
+template <class T, class V>
+[[gnu::always_inline]] inline void reset_field(std::atomic<T>& field, V v) noexcept {
+  if (field.load(std::memory_order_relaxed) != v) [[unlikely]]
+    field.store(v, std::memory_order_relaxed);
+}
+
 /// Resets a slot for a new owner (free -> live). Called by the pool before it hands a slot out.
 /// No owner can reach the slot then, so relaxed stores suffice for the owner's data (handing
 /// the counter to its user publishes them), except refs = 1 (release: see the file comment; a
 /// resolver of a stale counter_id may CAS it concurrently, succeeding only on refs > 0).
+/// The values are stored; the other fields only if a previous owner left them changed (the
+/// free path leaves them reset but for pins_dead, a hook bit or a native backend's pointer):
+/// every store sits in the store buffer until the next locked instruction drains it, so a
+/// field already clean costs a load instead (bench P7, one at a time). `owner` and `type` are
+/// the creating device's to set (a pool serves one device, so `owner` rarely changes).
 inline void reset_slot(slot& s) noexcept {
   s.value.store(0, std::memory_order_relaxed);
   s.errors.store(0, std::memory_order_relaxed);
-  s.watch.store(0, std::memory_order_relaxed);
-  s.hw = nullptr;
-  s.pins.store(0, std::memory_order_relaxed);
-  s.owner = nullptr;
-  s.backend_data = nullptr;
-  s.ext.store(nullptr, std::memory_order_relaxed);
-  s.type = counter_type::wrs;
-  s.stripes = 0;
-  s.stripe_mask_ = 0;
+  reset_field(s.watch, 0u);
+  reset_field(s.hw, nullptr);
+  reset_field(s.pins, 0u);
+  reset_field(s.backend_data, nullptr);
+  reset_field(s.ext, nullptr);
+  reset_field(s.stripes, std::uintptr_t{0});
+  reset_field(s.stripe_mask_, 0u);
   s.refs.store(1, std::memory_order_release);
 }
 

@@ -151,8 +151,14 @@ void unregister_poller(poll_link& l) noexcept;
 /// The part of slot::notify_slow for fds and pollers (`w`: the watch word it loaded).
 void notify_ext(slot& s, std::uint32_t w) noexcept;
 /// Closes the counter's fd and frees its extension block. Called when the counter is
-/// destroyed; nothing may wait on or poll the counter then.
-void free_slot_ext(slot& s) noexcept;
+/// destroyed; nothing may wait on or poll the counter then. The counter is gone, so nothing can
+/// create a block now (that needs a live counter): a plain acquire load finds the common "none"
+/// without a call or a locked exchange (bench P7).
+void free_slot_ext_slow(slot& s) noexcept;
+inline void free_slot_ext(slot& s) noexcept {
+  if (s.ext.load(std::memory_order_acquire) != nullptr) [[unlikely]]
+    free_slot_ext_slow(s);
+}
 /// The slot's pollable fd, created on first use (compcntr::pollable_fd).
 int slot_fd(slot& s, std::error_code& ec) noexcept;
 /// compcntr::arm_fd on a slot.

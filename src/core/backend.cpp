@@ -22,6 +22,8 @@ std::error_code backend::bind_counter(slot&) noexcept { return {}; }
 
 void backend::unbind_counter(slot&) noexcept {}
 
+bool backend::binds_counters() const noexcept { return true; }
+
 void backend::query_values(std::span<slot* const> slots, counter_values* out) noexcept {
   for (std::size_t i = 0; i < slots.size(); ++i) {
     slot& s = *slots[i];

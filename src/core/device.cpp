@@ -92,6 +92,25 @@ counter_caps device::caps() const noexcept {
 }
 
 counter device::create_counter(const counter_options& opts, std::error_code& ec) noexcept {
+  // The common case in few instructions (bench P7): a known type the device counts, a plain
+  // counter, a backend with nothing to bind. Everything else, errors included, goes the general
+  // way below, which checks in order and changes nothing on failure.
+  detail::device_core* const core = core_;
+  if (static_cast<unsigned>(opts.type) <= static_cast<unsigned>(counter_type::bytes) &&
+      core->type_ok(opts.type) && opts.stripes <= 1 && !core->binds_counters()) [[likely]] {
+    detail::slot* s = core->pool().allocate(opts.numa_node, ec);
+    if (!s) [[unlikely]]
+      return {};
+    detail::reset_field(s->owner, core);  // the pool is this device's: set once per slot
+    detail::reset_field(s->type, opts.type);
+    ec.assign(0, detail::system_category_cached());  // ec.clear() without the library call
+    return counter(s);
+  }
+  return create_counter_general(opts, ec);
+}
+
+[[gnu::noinline]] counter device::create_counter_general(const counter_options& opts,
+                                                        std::error_code& ec) noexcept {
   if (opts.type != counter_type::wrs && opts.type != counter_type::bytes) {
     detail::fail_into(ec, EINVAL, "create_comp_cntr: unknown counter type %u (WRS = 0, BYTES = 1)",
                       static_cast<unsigned>(opts.type));
@@ -113,18 +132,20 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
   // The pool validates the node (EINVAL) and the capacity (ENOMEM), changing nothing on failure.
   detail::slot* s = core_->pool().allocate(opts.numa_node, ec);
   if (!s) return {};
-  s->owner = core_;
-  s->type = opts.type;
+  detail::reset_field(s->owner, core_);  // the pool is this device's: set once per slot
+  detail::reset_field(s->type, opts.type);
   // The slot is a live counter now, holding the device through the pool's live count (no
   // reference of its own: device_core::retain). A failed bind gives it back the way a destroyed
   // counter goes (last reference drops it). It must not go straight back to the pool: a
   // resolver holding a stale id of the slot's previous counter may have taken a reference
   // since the pool handed it out (its CAS sees refs == 1), and that reference must be dropped
   // on this slot, not on the slot's next owner.
-  if (auto e = core_->be().bind_counter(*s)) {
-    detail::unref_counter_slot(*s);  // unbind_counter tolerates a slot that was never bound
-    ec = e;
-    return {};
+  if (core_->binds_counters()) [[unlikely]] {
+    if (auto e = core_->be().bind_counter(*s)) {
+      detail::unref_counter_slot(*s);  // unbind_counter tolerates a slot that was never bound
+      ec = e;
+      return {};
+    }
   }
   if (stripes > 1) [[unlikely]] {
     if (auto e = detail::make_striped(*s, stripes)) {

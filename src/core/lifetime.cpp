@@ -18,7 +18,7 @@ namespace {
 void finish_counter_slot(slot& s) noexcept {
   device_core* dev = s.owner;
   if (s.striped()) free_stripes(s);  // hw back to nullptr, as the backend bound it
-  dev->be().unbind_counter(s);
+  if (dev->binds_counters()) dev->be().unbind_counter(s);
   free_slot_ext(s);  // the counter's fd and poll registrations block (compcntr:wait)
   // The finishing thread is the slot's only writer now (refs is 0): a plain load + store, not a
   // locked RMW. Concurrent resolvers only read it; the pool's release push publishes it.

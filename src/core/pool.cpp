@@ -372,13 +372,7 @@ slot* slot_pool::pop_counted() noexcept {
     slot* s = find(lo_of(lo) - 1);
     // Safe on a slot popped meanwhile: as pop_free (arenas are never freed; the tag fails the CAS).
     const std::uint32_t next = s->next_free.load(std::memory_order_relaxed);
-    if (cas_pair(&*top_, lo, hi, pack(hi_of(lo) + 1, next), hi + 1)) {
-      if (const slot* n2 = next != 0 ? find(next - 1) : nullptr) {  // as pop_free
-        __builtin_prefetch(n2, 1, 3);
-        __builtin_prefetch(reinterpret_cast<const char*>(n2) + cache_line_size, 1, 3);
-      }
-      return s;
-    }
+    if (cas_pair(&*top_, lo, hi, pack(hi_of(lo) + 1, next), hi + 1)) return s;
   }
 }
 

@@ -127,10 +127,7 @@ void notify_ext(slot& s, std::uint32_t w) noexcept {
   }
 }
 
-void free_slot_ext(slot& s) noexcept {
-  // The counter is gone: nothing can create an extension block now (that needs a live counter),
-  // so a plain acquire load finds the common "none" without a locked exchange (bench P7).
-  if (s.ext.load(std::memory_order_acquire) == nullptr) return;
+void free_slot_ext_slow(slot& s) noexcept {
   slot_ext* e = s.ext.exchange(nullptr, std::memory_order_acq_rel);
   if (e == nullptr) return;
   const int fd = e->fd.load(std::memory_order_relaxed);

@@ -23,6 +23,8 @@ class soft_backend final : public backend, public qp_capability {
     // Loopback QPs count every attach op (src/features/soft/soft_qp.cpp).
     return {.max_value = UINT64_MAX, .max_counters = 0, .supported_qp_attach_ops = all_attach_ops};
   }
+  // Its counters are the slots themselves: nothing to bind.
+  bool binds_counters() const noexcept override { return false; }
   qp_capability* qps() noexcept override { return this; }
   qp_impl* create_qp(device_core& dev, std::error_code& ec) noexcept override {
     return make_soft_qp(dev, *mem_, ec);
