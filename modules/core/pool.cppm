@@ -33,8 +33,15 @@ module;
 #include <mutex>
 #include <string>
 #include <system_error>
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#include <sanitizer/tsan_interface.h>
+#define COMPCNTR_POOL_TSAN 1
+#endif
+#endif
 export module compcntr:pool;
 import :cache_padded;
+import :lifetime;
 import :slot;
 
 export namespace compcntr::detail {
@@ -81,6 +88,53 @@ std::string numa_topology_describe(const numa_topology* t);
 void* numa_topology_alloc(numa_topology* t, int dense, std::size_t bytes, bool& bound) noexcept;
 void numa_topology_free(numa_topology* t, void* p, std::size_t bytes) noexcept;
 void* numa_topology_hwloc(const numa_topology* t) noexcept;
+
+// The halves of a pool word (free-list head: tag | index + 1; counts: holds | live).
+constexpr std::uint64_t pack(std::uint32_t hi, std::uint32_t lo) noexcept {
+  return (std::uint64_t{hi} << 32) | lo;
+}
+constexpr std::uint32_t lo_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>(w); }
+constexpr std::uint32_t hi_of(std::uint64_t w) noexcept {
+  return static_cast<std::uint32_t>(w >> 32);
+}
+
+// The 16-byte CAS of slot_pool::top_pair: {lo, hi} -> {new_lo, new_hi} if the 16 bytes at `p`
+// still hold {lo, hi}; else false with {lo, hi} = what they hold. A full barrier (lock prefix),
+// so it is as strong as the acq_rel CAS the callers document.
+//   x86-64: cmpxchg16b in inline asm. Clang lowers a 16-byte __atomic CAS to a libatomic call
+//     unless the whole translation unit has -mcx16, and the module interface units cannot get it
+//     (importers would need it too). ThreadSanitizer does not see the asm: the release before and
+//     the acquire after tell it what the CAS synchronises, and every other access to these words
+//     is atomic.
+//   elsewhere: the compiler's 16-byte atomic (AArch64: ldaxp/stlxp or casp, inline).
+[[gnu::always_inline]] inline bool cas_pair(void* p, std::uint64_t& lo, std::uint64_t& hi,
+                                            std::uint64_t new_lo, std::uint64_t new_hi) noexcept {
+#if defined(__x86_64__)
+#ifdef COMPCNTR_POOL_TSAN
+  __tsan_release(p);
+#endif
+  bool ok;
+  asm volatile("lock cmpxchg16b %1"
+               : "=@ccz"(ok), "+m"(*static_cast<unsigned __int128*>(p)), "+a"(lo), "+d"(hi)
+               : "b"(new_lo), "c"(new_hi)
+               : "memory");
+#ifdef COMPCNTR_POOL_TSAN
+  if (ok) __tsan_acquire(p);
+#endif
+  return ok;
+#else
+  unsigned __int128 expected = static_cast<unsigned __int128>(hi) << 64 | lo;
+  const unsigned __int128 desired = static_cast<unsigned __int128>(new_hi) << 64 | new_lo;
+  const bool ok = __atomic_compare_exchange_n(static_cast<unsigned __int128*>(p), &expected,
+                                              desired, true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  lo = static_cast<std::uint64_t>(expected);
+  hi = static_cast<std::uint64_t>(expected >> 64);
+  return ok;
+#endif
+}
+
+/// Whether cas_pair is lock-free on this CPU (src/core/pool.cpp).
+bool have_cas_pair() noexcept;
 } // namespace compcntr::detail
 
 export namespace compcntr::detail {
@@ -109,15 +163,27 @@ class slot_pool {
   /// taking a never-used slot is an acquire fetch_add on the node's bump word (pairs with the
   /// release store that published the arena). The slot is then reset with relaxed stores
   /// except refs (release: see reset_slot) and handed to the caller.
-  slot* allocate(int numa_node, std::error_code& ec) noexcept;
+  [[gnu::always_inline]] inline slot* allocate(int numa_node, std::error_code& ec) noexcept {
+    if (numa_node < 0 && node_count_ == 1 && fused_) [[likely]] {
+      if (slot* s = pop_counted()) {
+        reset_slot(*s);
+        return s;
+      }
+    }
+    return allocate_general(numa_node, ec);
+  }
 
   /// Returns `s` to its node's free list (the generation bump before it is compcntr:lifetime's).
   /// True if that was the last live slot and no hold is left (the owner may delete the pool
   /// now; the pool touches nothing after the decrement).
   /// Memory ordering: a release CAS pushing the slot (publishes every write of the owner, the
   /// generation bump included, to the next allocate() of the slot), then an acq_rel decrement
-  /// of the live count.
-  bool release(slot& s) noexcept;
+  /// of the live count; on node 0 of a fused pool both are one full-barrier 16-byte CAS.
+  [[gnu::always_inline]] inline bool release(slot& s) noexcept {
+    if (node_count_ == 1 && fused_) [[likely]]
+      return push_uncounted(s);
+    return release_general(s);
+  }
 
   /// The slot at `index` (live or not), or nullptr if no arena holds that index.
   /// Memory ordering: acquire load of the arena pointer.
@@ -227,9 +293,38 @@ class slot_pool {
   }
   int current_dense_node() const noexcept;
   bool reserve() noexcept;
-  slot* pop_counted() noexcept;
-  bool push_uncounted(slot& s) noexcept;
-  slot* allocate_general(int node, std::error_code& ec) noexcept;
+  // Node 0's free list with the count, in one 16-byte CAS (fused_): a slot, counted, or nullptr
+  // when the list is empty or the pool looks full (allocate_general decides exactly). The two
+  // 8-byte loads may tear; they only seed the CAS, which compares all 16 bytes and on failure
+  // returns a consistent pair. Memory ordering: acquire load of the head (the link read),
+  // full-barrier CAS (acquires the releaser's writes, as pop_free's acquire CAS).
+  inline slot* pop_counted() noexcept {
+    std::uint64_t lo = top_->list.load(std::memory_order_acquire);
+    std::uint64_t hi = top_->count.load(std::memory_order_relaxed);
+    for (;;) {
+      if (lo_of(lo) == 0 || lo_of(hi) >= capacity_) return nullptr;
+      slot* s = find(lo_of(lo) - 1);
+      // Safe on a slot popped meanwhile: as pop_free (arenas are never freed; the tag fails the CAS).
+      const std::uint32_t next = s->next_free.load(std::memory_order_relaxed);
+      if (cas_pair(&*top_, lo, hi, pack(hi_of(lo) + 1, next), hi + 1)) return s;
+    }
+  }
+
+  // A slot of node 0 back on its list and uncounted, in one 16-byte CAS (fused_). True if that
+  // left no live slot and no hold. Memory ordering: full-barrier CAS (releases the owner's
+  // writes to the next pop, and the last one acquires every earlier release: acq_rel).
+  inline bool push_uncounted(slot& s) noexcept {
+    std::uint64_t lo = top_->list.load(std::memory_order_relaxed);
+    std::uint64_t hi = top_->count.load(std::memory_order_relaxed);
+    do {
+      s.next_free.store(lo_of(lo), std::memory_order_relaxed);
+    } while (!cas_pair(&*top_, lo, hi, pack(hi_of(lo) + 1, s.index + 1), hi - 1));
+    return hi == 1;  // hi is what the CAS replaced: this slot the only thing counted
+  }
+
+  slot* allocate_general(int numa_node, std::error_code& ec) noexcept;
+  slot* reserve_and_take(int node, std::error_code& ec) noexcept;
+  bool release_general(slot& s) noexcept;
   slot* fail_node(int numa_node, std::error_code& ec) noexcept;
   slot* take(int node, std::error_code& ec) noexcept;
   slot* pop_free(node_state& n) noexcept;

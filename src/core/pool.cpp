@@ -55,24 +55,11 @@ module;
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#include <sanitizer/tsan_interface.h>
-#define COMPCNTR_POOL_TSAN 1
-#endif
-#endif
 module compcntr;
 
 namespace compcntr::detail {
 
 namespace {
-constexpr std::uint64_t pack(std::uint32_t hi, std::uint32_t lo) noexcept {
-  return (std::uint64_t{hi} << 32) | lo;
-}
-constexpr std::uint32_t lo_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>(w); }
-constexpr std::uint32_t hi_of(std::uint64_t w) noexcept {
-  return static_cast<std::uint32_t>(w >> 32);
-}
 
 std::uint32_t round_up_pow2(std::uint32_t v) noexcept {
   std::uint32_t p = 1;
@@ -80,44 +67,9 @@ std::uint32_t round_up_pow2(std::uint32_t v) noexcept {
   return p;
 }
 
-// The 16-byte CAS of slot_pool::top_pair: {lo, hi} -> {new_lo, new_hi} if the 16 bytes at `p`
-// still hold {lo, hi}; else false with {lo, hi} = what they hold. A full barrier (lock prefix),
-// so it is as strong as the acq_rel CAS the callers document.
-//   x86-64: cmpxchg16b in inline asm. Clang lowers a 16-byte __atomic CAS to a libatomic call
-//     unless the whole translation unit has -mcx16, and the module interface units cannot get it
-//     (importers would need it too). ThreadSanitizer does not see the asm: the release before and
-//     the acquire after tell it what the CAS synchronises, and every other access to these words
-//     is atomic.
-//   elsewhere: the compiler's 16-byte atomic (AArch64: ldaxp/stlxp or casp, inline).
-[[gnu::always_inline]] inline bool cas_pair(void* p, std::uint64_t& lo, std::uint64_t& hi,
-                                            std::uint64_t new_lo, std::uint64_t new_hi) noexcept {
-#if defined(__x86_64__)
-#ifdef COMPCNTR_POOL_TSAN
-  __tsan_release(p);
-#endif
-  bool ok;
-  asm volatile("lock cmpxchg16b %1"
-               : "=@ccz"(ok), "+m"(*static_cast<unsigned __int128*>(p)), "+a"(lo), "+d"(hi)
-               : "b"(new_lo), "c"(new_hi)
-               : "memory");
-#ifdef COMPCNTR_POOL_TSAN
-  if (ok) __tsan_acquire(p);
-#endif
-  return ok;
-#else
-  unsigned __int128 expected = static_cast<unsigned __int128>(hi) << 64 | lo;
-  const unsigned __int128 desired = static_cast<unsigned __int128>(new_hi) << 64 | new_lo;
-  const bool ok = __atomic_compare_exchange_n(static_cast<unsigned __int128*>(p), &expected,
-                                              desired, true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-  lo = static_cast<std::uint64_t>(expected);
-  hi = static_cast<std::uint64_t>(expected >> 64);
-  return ok;
-#endif
-}
-
 // Whether cas_pair is lock-free here: cmpxchg16b (CPUID.01H:ECX bit 13, absent only on the
 // first x86-64 CPUs), or a target whose compiler inlines 16-byte atomics.
-bool have_cas_pair() noexcept {
+bool have_cas_pair_impl() noexcept {
 #if defined(__x86_64__)
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_CMPXCHG16B) != 0;
@@ -128,6 +80,8 @@ bool have_cas_pair() noexcept {
 #endif
 }
 }  // namespace
+
+bool have_cas_pair() noexcept { return have_cas_pair_impl(); }
 
 slot_pool::slot_pool(std::uint32_t capacity) noexcept
     : slot_pool(pool_config{.capacity = capacity}) {}
@@ -359,35 +313,6 @@ slot* slot_pool::take(int node, std::error_code& ec) noexcept {
   }
 }
 
-// Node 0's free list with the count, in one 16-byte CAS (fused_): a slot, counted, or nullptr
-// when the list is empty or the pool looks full (allocate_general decides exactly). The two
-// 8-byte loads may tear; they only seed the CAS, which compares all 16 bytes and on failure
-// returns a consistent pair. Memory ordering: acquire load of the head (the link read),
-// full-barrier CAS (acquires the releaser's writes, as pop_free's acquire CAS).
-slot* slot_pool::pop_counted() noexcept {
-  std::uint64_t lo = top_->list.load(std::memory_order_acquire);
-  std::uint64_t hi = top_->count.load(std::memory_order_relaxed);
-  for (;;) {
-    if (lo_of(lo) == 0 || lo_of(hi) >= capacity_) return nullptr;
-    slot* s = find(lo_of(lo) - 1);
-    // Safe on a slot popped meanwhile: as pop_free (arenas are never freed; the tag fails the CAS).
-    const std::uint32_t next = s->next_free.load(std::memory_order_relaxed);
-    if (cas_pair(&*top_, lo, hi, pack(hi_of(lo) + 1, next), hi + 1)) return s;
-  }
-}
-
-// A slot of node 0 back on its list and uncounted, in one 16-byte CAS (fused_). True if that
-// left no live slot and no hold. Memory ordering: full-barrier CAS (releases the owner's
-// writes to the next pop, and the last one acquires every earlier release: acq_rel).
-bool slot_pool::push_uncounted(slot& s) noexcept {
-  std::uint64_t lo = top_->list.load(std::memory_order_relaxed);
-  std::uint64_t hi = top_->count.load(std::memory_order_relaxed);
-  do {
-    s.next_free.store(lo_of(lo), std::memory_order_relaxed);
-  } while (!cas_pair(&*top_, lo, hi, pack(hi_of(lo) + 1, s.index + 1), hi - 1));
-  return hi == 1;  // hi is what the CAS replaced: this slot the only thing counted
-}
-
 [[gnu::noinline, gnu::cold]] slot* slot_pool::fail_node(int numa_node,
                                                        std::error_code& ec) noexcept {
   char list[128];
@@ -402,7 +327,7 @@ bool slot_pool::push_uncounted(slot& s) noexcept {
 
 // Every case but a free slot of node 0 on a fused pool: reserve (exact capacity), then a free,
 // never-used or new-arena slot of `node` or, once the arena budget is spent, of any node.
-[[gnu::noinline]] slot* slot_pool::allocate_general(int node, std::error_code& ec) noexcept {
+slot* slot_pool::reserve_and_take(int node, std::error_code& ec) noexcept {
   if (!reserve()) {
     fail_into(ec, ENOMEM,
               "counter pool is full: %u counters live (max_counters; set "
@@ -419,7 +344,7 @@ bool slot_pool::push_uncounted(slot& s) noexcept {
   return s;
 }
 
-slot* slot_pool::allocate(int numa_node, std::error_code& ec) noexcept {
+slot* slot_pool::allocate_general(int numa_node, std::error_code& ec) noexcept {
   int node = 0;
   if (numa_node >= 0) {
     if ((node = dense_node(numa_node)) < 0) [[unlikely]]
@@ -433,10 +358,10 @@ slot* slot_pool::allocate(int numa_node, std::error_code& ec) noexcept {
       return s;
     }
   }
-  return allocate_general(node, ec);
+  return reserve_and_take(node, ec);
 }
 
-bool slot_pool::release(slot& s) noexcept {
+bool slot_pool::release_general(slot& s) noexcept {
   // arenas_[..].node was written before the arena was published, which happens-before this
   // slot was handed out and therefore before its release.
   const int node = arenas_[s.index >> arena_shift_].node;
