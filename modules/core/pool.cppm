@@ -103,15 +103,16 @@ constexpr std::uint32_t hi_of(std::uint64_t w) noexcept {
 // so it is as strong as the acq_rel CAS the callers document.
 //   x86-64: cmpxchg16b in inline asm. Clang lowers a 16-byte __atomic CAS to a libatomic call
 //     unless the whole translation unit has -mcx16, and the module interface units cannot get it
-//     (importers would need it too). ThreadSanitizer does not see the asm: the release before and
-//     the acquire after tell it what the CAS synchronises, and every other access to these words
-//     is atomic.
+//     (importers would need it too). ThreadSanitizer does not see the asm: a release before and
+//     an acquire after, on each of the two words, tell it what the CAS synchronises (every other
+//     access to these words is atomic; the annotations can only add edges the CPU also has).
 //   elsewhere: the compiler's 16-byte atomic (AArch64: ldaxp/stlxp or casp, inline).
 [[gnu::always_inline]] inline bool cas_pair(void* p, std::uint64_t& lo, std::uint64_t& hi,
                                             std::uint64_t new_lo, std::uint64_t new_hi) noexcept {
 #if defined(__x86_64__)
 #ifdef COMPCNTR_POOL_TSAN
-  __tsan_release(p);
+  __tsan_release(p);  // both words: an RMW of the pair is one of each (8-byte atomics use either)
+  __tsan_release(static_cast<char*>(p) + 8);
 #endif
   bool ok;
   asm volatile("lock cmpxchg16b %1"
@@ -119,7 +120,8 @@ constexpr std::uint32_t hi_of(std::uint64_t w) noexcept {
                : "b"(new_lo), "c"(new_hi)
                : "memory");
 #ifdef COMPCNTR_POOL_TSAN
-  if (ok) __tsan_acquire(p);
+  __tsan_acquire(p);  // a failed CAS read both words too (acquire on failure, as the callers')
+  __tsan_acquire(static_cast<char*>(p) + 8);
 #endif
   return ok;
 #else

@@ -308,3 +308,89 @@ TEST_CASE("stress (device): creators and destroyers while others increment a sha
   CHECK(shared.value() == std::uint64_t{incrementers} * increments);
   CHECK(dev.live_counters() == 1);
 }
+
+TEST_CASE(
+    "stress (pool): holds (8-byte RMWs on the count) racing with fused pops and pushes lose "
+    "nothing") {
+  // Node 0 of a one-node pool takes and returns slots with one 16-byte CAS over {free list,
+  // holds | live}; hold()/unhold() are 8-byte RMWs on the count half of the same word. Neither
+  // may lose the other's update: at the end holds and live are exactly what the threads left.
+  slot_pool pool(pool_config{.capacity = 64, .synthetic = "numa:1 pu:2", .arena_slots = 32});
+  constexpr int allocators = 2, holders = 2, rounds = 20000;
+  std::atomic<int> dirty{0}, failures{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < allocators; ++t)
+    ts.emplace_back([&] {
+      while (!go.load()) {
+      }
+      slot* held[8];
+      for (int r = 0; r < rounds; ++r) {
+        const int n = 1 + r % 8;
+        for (int i = 0; i < n; ++i) {
+          std::error_code ec;
+          held[i] = pool.allocate(-1, ec);
+          if (!held[i]) {
+            ++failures;
+            return;
+          }
+          if (held[i]->refs.load() != 1 || held[i]->value.load() != 0) ++dirty;
+          held[i]->value.store(1);
+        }
+        for (int i = 0; i < n; ++i) {
+          held[i]->refs.store(0);
+          if (pool.release(*held[i])) ++failures;  // holds remain: never "the last"
+        }
+      }
+    });
+  for (int t = 0; t < holders; ++t)
+    ts.emplace_back([&, t] {
+      while (!go.load()) {
+      }
+      for (int r = 0; r < rounds; ++r) {
+        pool.hold();
+        pool.hold();
+        if (pool.unhold()) ++failures;  // the thread still holds one
+        if (r % 2 == t) continue;       // keep some: t == 0 keeps the odd rounds', 1 the even
+        if (pool.unhold()) ++failures;  // the main thread's hold remains
+      }
+    });
+  pool.hold();  // the main thread's: no release or unhold of the others can be the last
+  go.store(true);
+  for (auto& t : ts) t.join();
+  CHECK(dirty.load() == 0);
+  CHECK(failures.load() == 0);
+  CHECK(pool.live() == 0);
+  CHECK(pool.holds() == 1u + rounds);  // each holder kept rounds / 2
+  std::uint32_t h = 0, l = 0;
+  CHECK_FALSE(pool.unhold_if_last(h, l));
+  CHECK(h == 1u + rounds);
+  CHECK(l == 0);
+}
+
+TEST_CASE("stress (device): the last of concurrent destroyers after the handle is gone frees the "
+          "device once") {
+  // The device's handle and its counters count in the word a counter's destroy returns its slot
+  // with: whichever destroy sees nothing left deletes the device (AddressSanitizer: exactly once,
+  // nothing leaked).
+  for (int round = 0; round < 200; ++round) {
+    auto dev = open_soft();
+    constexpr int threads = 2, per_thread = 64;
+    std::vector<std::vector<compcntr::counter>> owned(threads);
+    for (int t = 0; t < threads; ++t)
+      for (int i = 0; i < per_thread; ++i) owned[t].push_back(make_counter(dev));
+    std::atomic<bool> go{false};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        while (!go.load()) {
+        }
+        for (auto& c : owned[t]) c.reset();
+      });
+    {
+      compcntr::device gone = std::move(dev);  // drops the handle's hold while destroys run
+      go.store(true);
+    }
+    for (auto& t : ts) t.join();
+  }
+}
