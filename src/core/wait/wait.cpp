@@ -119,16 +119,18 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check
     }
   }
 
-  // 3. sleep in the kernel.
-  if (!dl.started()) dl.start(clock::now());
+  // 3. sleep in the kernel. One clock read per sleep: the one that starts a lazy deadline is
+  // also the first sleep's "now" (a forced-sleep wait reads the clock once before it sleeps).
+  clock::time_point now = clock::now();
+  if (!dl.started()) dl.start(now);
   const nanoseconds slice = o.hook_interval > std::chrono::microseconds::zero()
                                 ? nanoseconds(o.hook_interval)
                                 : nanoseconds(default_hook_interval);
   for (;;) {
-    const clock::time_point now = clock::now();
     if (dl.passed(now)) return timed_out;
     if ((r = sleep(dl.next_sleep(now, nanoseconds(-1)), slice)).done) return r;
     if ((r = check()).done) return r;
+    now = clock::now();
   }
 }
 
