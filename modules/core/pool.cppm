@@ -111,7 +111,7 @@ constexpr std::uint32_t hi_of(std::uint64_t w) noexcept {
                                             std::uint64_t new_lo, std::uint64_t new_hi) noexcept {
 #if defined(__x86_64__)
 #ifdef COMPCNTR_POOL_TSAN
-  __tsan_release(p);  // both words: an RMW of the pair is one of each (8-byte atomics use either)
+  __tsan_release(p); // both words: an RMW of the pair is one of each (8-byte atomics use either)
   __tsan_release(static_cast<char*>(p) + 8);
 #endif
   bool ok;
@@ -120,7 +120,7 @@ constexpr std::uint32_t hi_of(std::uint64_t w) noexcept {
                : "b"(new_lo), "c"(new_hi)
                : "memory");
 #ifdef COMPCNTR_POOL_TSAN
-  __tsan_acquire(p);  // a failed CAS read both words too (acquire on failure, as the callers')
+  __tsan_acquire(p); // a failed CAS read both words too (acquire on failure, as the callers')
   __tsan_acquire(static_cast<char*>(p) + 8);
 #endif
   return ok;
@@ -223,7 +223,7 @@ class slot_pool {
   inline bool unhold_if_last(std::uint32_t& holds, std::uint32_t& live_slots) noexcept {
     std::uint64_t expected = hold_unit;
     if (top_->count.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
-                                       std::memory_order_acquire))
+                                            std::memory_order_acquire))
       return true;
     holds = static_cast<std::uint32_t>(expected >> 32);
     live_slots = static_cast<std::uint32_t>(expected);
@@ -284,8 +284,8 @@ class slot_pool {
   /// threads once node 0 is the fallback) and 8-byte RMWs on `count` (holds, reservations on
   /// the general path) are atomic with respect to the 16-byte ones on the same line.
   struct alignas(16) top_pair {
-    std::atomic<std::uint64_t> list{0};   ///< node 0's free list (see node_state::head)
-    std::atomic<std::uint64_t> count{0};  ///< holds << 32 | slots live or being created
+    std::atomic<std::uint64_t> list{0}; ///< node 0's free list (see node_state::head)
+    std::atomic<std::uint64_t> count{0}; ///< holds << 32 | slots live or being created
   };
   enum class grow_result { grown, retry, no_budget, no_memory };
 
@@ -321,7 +321,7 @@ class slot_pool {
     do {
       s.next_free.store(lo_of(lo), std::memory_order_relaxed);
     } while (!cas_pair(&*top_, lo, hi, pack(hi_of(lo) + 1, s.index + 1), hi - 1));
-    return hi == 1;  // hi is what the CAS replaced: this slot the only thing counted
+    return hi == 1; // hi is what the CAS replaced: this slot the only thing counted
   }
 
   slot* allocate_general(int numa_node, std::error_code& ec) noexcept;

@@ -110,7 +110,7 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
 }
 
 [[gnu::noinline]] counter device::create_counter_general(const counter_options& opts,
-                                                        std::error_code& ec) noexcept {
+                                                         std::error_code& ec) noexcept {
   if (opts.type != counter_type::wrs && opts.type != counter_type::bytes) {
     detail::fail_into(ec, EINVAL, "create_comp_cntr: unknown counter type %u (WRS = 0, BYTES = 1)",
                       static_cast<unsigned>(opts.type));

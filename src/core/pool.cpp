@@ -90,8 +90,7 @@ slot_pool::slot_pool(const pool_config& cfg) noexcept
     : capacity_(cfg.capacity > max_capacity ? max_capacity : cfg.capacity),
       current_cpu_(cfg.current_cpu),
       fail_arena_alloc_(cfg.fail_arena_alloc) {
-  static_assert(sizeof(top_pair) == 16 && alignof(top_pair) == 16 &&
-                    offsetof(top_pair, count) == 8,
+  static_assert(sizeof(top_pair) == 16 && alignof(top_pair) == 16 && offsetof(top_pair, count) == 8,
                 "cas_pair treats top_pair as one 16-byte word: list low, count high");
   fused_ = have_cas_pair();
   topo_ = load_numa_topology(cfg);
@@ -208,8 +207,8 @@ slot* slot_pool::pop_free(node_state& n) noexcept {
     // since we read it (ABA). A 32-bit tag can only be fooled by a thread stalled between its load
     // and its CAS while exactly a multiple of 2^32 pushes and pops hit this node.
     const std::uint32_t next = s->next_free.load(std::memory_order_relaxed);
-    if (n.head->compare_exchange_weak(head, pack(hi_of(head) + 1, next),
-                                           std::memory_order_acquire, std::memory_order_acquire)) {
+    if (n.head->compare_exchange_weak(head, pack(hi_of(head) + 1, next), std::memory_order_acquire,
+                                      std::memory_order_acquire)) {
       // The next pop will chase `next`: start its two cache misses now (a cold free list is a
       // linked list through 128 MB for a million counters; each hop is a dependent DRAM load).
       if (const slot* n2 = next != 0 ? find(next - 1) : nullptr) {
@@ -227,8 +226,7 @@ void slot_pool::push_free(node_state& n, slot& s) noexcept {
   do {
     s.next_free.store(lo_of(head), std::memory_order_relaxed);
   } while (!n.head->compare_exchange_weak(head, pack(hi_of(head) + 1, s.index + 1),
-                                               std::memory_order_release,
-                                               std::memory_order_relaxed));
+                                          std::memory_order_release, std::memory_order_relaxed));
 }
 
 slot* slot_pool::bump_slot(node_state& n, std::uint64_t& seen) noexcept {
@@ -314,7 +312,7 @@ slot* slot_pool::take(int node, std::error_code& ec) noexcept {
 }
 
 [[gnu::noinline, gnu::cold]] slot* slot_pool::fail_node(int numa_node,
-                                                       std::error_code& ec) noexcept {
+                                                        std::error_code& ec) noexcept {
   char list[128];
   int len = 0;
   for (int i = 0; i < node_count_ && len < 100; ++i)

@@ -309,9 +309,8 @@ TEST_CASE("stress (device): creators and destroyers while others increment a sha
   CHECK(dev.live_counters() == 1);
 }
 
-TEST_CASE(
-    "stress (pool): holds (8-byte RMWs on the count) racing with fused pops and pushes lose "
-    "nothing") {
+TEST_CASE("stress (pool): holds (8-byte RMWs on the count) racing with fused pops and pushes lose "
+          "nothing") {
   // Node 0 of a one-node pool takes and returns slots with one 16-byte CAS over {free list,
   // holds | live}; hold()/unhold() are 8-byte RMWs on the count half of the same word. Neither
   // may lose the other's update: at the end holds and live are exactly what the threads left.
@@ -388,7 +387,7 @@ TEST_CASE("stress (device): the last of concurrent destroyers after the handle i
         for (auto& c : owned[t]) c.reset();
       });
     {
-      compcntr::device gone = std::move(dev);  // drops the handle's hold while destroys run
+      compcntr::device gone = std::move(dev); // drops the handle's hold while destroys run
       go.store(true);
     }
     for (auto& t : ts) t.join();
