@@ -67,9 +67,11 @@ std::uint32_t round_up_pow2(std::uint32_t v) noexcept {
   return p;
 }
 
+}  // namespace
+
 // Whether cas_pair is lock-free here: cmpxchg16b (CPUID.01H:ECX bit 13, absent only on the
 // first x86-64 CPUs), or a target whose compiler inlines 16-byte atomics.
-bool have_cas_pair_impl() noexcept {
+bool have_cas_pair() noexcept {
 #if defined(__x86_64__)
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_CMPXCHG16B) != 0;
@@ -79,9 +81,6 @@ bool have_cas_pair_impl() noexcept {
   return false;
 #endif
 }
-}  // namespace
-
-bool have_cas_pair() noexcept { return have_cas_pair_impl(); }
 
 slot_pool::slot_pool(std::uint32_t capacity) noexcept
     : slot_pool(pool_config{.capacity = capacity}) {}
