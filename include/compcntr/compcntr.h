@@ -237,5 +237,6 @@ static inline int compcntr_set_err_comp_cntr_inline_(struct compcntr_comp_cntr *
 #include <compcntr/cmd_comp.h>
 #include <compcntr/credits.h>
 #include <compcntr/tracker.h>
+#include <compcntr/trigger.h>
 
 #endif /* COMPCNTR_COMPCNTR_H */
