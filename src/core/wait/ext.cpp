@@ -37,6 +37,9 @@ struct slot_ext {
   std::atomic<bool> fd_thresholded{false};
   std::atomic<std::uint64_t> fd_threshold{0};
   std::atomic<std::uint64_t> fd_err0{0};
+  /// The counter's triggers (compcntr:trigger), created by the first arm; this block holds a
+  /// reference on it, dropped when the block is freed.
+  std::atomic<trigger_list*> triggers{nullptr};
 };
 
 namespace {
@@ -152,7 +155,13 @@ void free_slot_ext_slow(slot& s) noexcept {
   if (e == nullptr) return;
   const int fd = e->fd.load(std::memory_order_relaxed);
   if (fd >= 0) ::close(fd);
+  if (trigger_list* l = e->triggers.load(std::memory_order_acquire)) release_trigger_list(l);
   delete e;
+}
+
+std::atomic<trigger_list*>* slot_trigger_cell(slot& s, bool create) noexcept {
+  slot_ext* e = create ? ensure_ext(s) : s.ext.load(std::memory_order_acquire);
+  return e != nullptr ? &e->triggers : nullptr;
 }
 
 int slot_fd(slot& s, std::error_code& ec) noexcept {
