@@ -131,9 +131,12 @@ void unlink_armed(trigger_list& l, trigger_node& n) noexcept {
 }
 void publish_next(trigger_list& l) noexcept {
   if (l.head == nullptr) {
+    if (l.next.load(std::memory_order_relaxed) == none_armed) return;
     l.next.store(none_armed, std::memory_order_seq_cst);
     if (!l.dead) l.s->watch.fetch_and(~watch_triggers, std::memory_order_seq_cst);
-  } else {
+  } else if (l.next.load(std::memory_order_relaxed) != l.head->threshold) {
+    // Unchanged (a firing that found nothing more due): no store (a seq_cst store is a locked
+    // xchg on x86-64). Only the lock holder writes `next`, so the relaxed load is exact.
     l.next.store(l.head->threshold, std::memory_order_seq_cst);
   }
 }
