@@ -332,6 +332,9 @@ TEST_CASE("shared counters: the C++ API (open, open_shared, id, resolve, wait) a
   REQUIRE_FALSE(ec);
   CHECK(self.native_slot() == c.native_slot());  // one local slot per counter per process
   self.reset();
+  CHECK(compcntr::pollable_fd(c, ec) == -1);  // not yet for shared counters: refused, named
+  CHECK(ec == std::errc::not_supported);
+  CHECK(std::string(compcntr::last_error_message()).find("shared counter") != std::string::npos);
   CHECK(dev.sweep(ec) == 0);  // the child closed: nobody dead
   CHECK_FALSE(ec);
   auto soft = compcntr::device::open("soft", ec);
