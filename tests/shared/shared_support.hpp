@@ -51,6 +51,7 @@ struct seg_name {
 /// Runs fn() in a child process, which exits 0 when fn returns.
 template <class Fn>
 pid_t spawn(Fn&& fn) {
+  std::fflush(nullptr);  // the child must not flush the parent's buffered output again
   const pid_t pid = ::fork();
   if (pid == 0) {
     fn();

@@ -779,3 +779,57 @@ TEST_CASE("counter ids on a private device: id, resolve, release") {
   CHECK(errno == ENOENT);
   CHECK(compcntr_close_device(d) == 0);
 }
+
+TEST_CASE("shared counters: credits, completion tracker and poll work across processes") {
+  seg_name n("helpers");
+  compcntr_device* d = open_or_fail(n);
+  // Credits: 2 per peer; the peer process returns them by incrementing the peer counter.
+  compcntr_credits* cr = compcntr_credits_create(d, 1, 2);
+  INFO(compcntr_last_error_message());
+  REQUIRE(cr != nullptr);
+  const compcntr_counter_id credits_id = id_of(compcntr_credits_counter(cr, 0));
+  // Tracker over a shared counter the peer completes into.
+  compcntr_comp_cntr* done = create(d);
+  compcntr_tracker* t = compcntr_tracker_create(done);
+  REQUIRE(t != nullptr);
+  const compcntr_counter_id done_id = id_of(done);
+  compcntr_comp_cntr* a = create(d);
+  compcntr_comp_cntr* b = create(d);
+  const compcntr_counter_id b_id = id_of(b);
+  channel go;
+  const pid_t pid = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    compcntr_comp_cntr* c = compcntr_comp_cntr_resolve(cd, &credits_id);
+    compcntr_comp_cntr* k = compcntr_comp_cntr_resolve(cd, &done_id);
+    compcntr_comp_cntr* pb = compcntr_comp_cntr_resolve(cd, &b_id);
+    CHILD_CHECK(c && k && pb);
+    char x = 0;
+    CHILD_CHECK(go.recv(x));
+    CHILD_CHECK(compcntr_inc_comp_cntr(c, 2) == 0);  // two credits back
+    CHILD_CHECK(compcntr_inc_comp_cntr(k, 3) == 0);  // three completions
+    CHILD_CHECK(compcntr_inc_comp_cntr(pb, 1) == 0);  // wakes the poll
+    CHILD_CHECK(compcntr_comp_cntr_release(c) == 0);
+    CHILD_CHECK(compcntr_comp_cntr_release(k) == 0);
+    CHILD_CHECK(compcntr_comp_cntr_release(pb) == 0);
+    CHILD_CHECK(compcntr_close_device(cd) == 0);
+  });
+  REQUIRE(compcntr_credits_acquire(cr, 0, 2, 0) == 0);          // the window
+  CHECK(compcntr_credits_acquire(cr, 0, 1, 0) == ETIMEDOUT);    // empty until the peer returns
+  REQUIRE(compcntr_tracker_issue(t, 3) == 0);
+  CHECK(compcntr_tracker_quiet(t, 0) == ETIMEDOUT);
+  go.send('g');
+  CHECK(compcntr_credits_acquire(cr, 0, 2, -1) == 0);  // returned by the other process
+  CHECK(compcntr_tracker_quiet(t, -1) == 0);
+  compcntr_comp_cntr* const ccs[2] = {a, b};
+  const std::uint64_t thresholds[2] = {1, 1};
+  std::size_t which = 9;
+  CHECK(compcntr_poll_comp_cntrs(ccs, thresholds, 2, -1, &which) == 0);
+  CHECK(which == 1);
+  CHECK(reap(pid) == 0);
+  CHECK(compcntr_tracker_destroy(t) == 0);
+  CHECK(compcntr_credits_destroy(cr) == 0);
+  CHECK(compcntr_destroy_comp_cntr(done) == 0);
+  CHECK(compcntr_destroy_comp_cntr(a) == 0);
+  CHECK(compcntr_destroy_comp_cntr(b) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
