@@ -110,7 +110,7 @@ bool proc_alive(std::uint64_t w) noexcept {
 std::uint64_t self_word() noexcept {
   std::uint64_t start = 0;
   const auto pid = static_cast<std::uint32_t>(::getpid());
-  process_start(pid, start);  // /proc missing: start 0 (then peers see us as dead: documented)
+  process_start(pid, start);  // checked by open(): /proc is readable
   return shm::proc_word(pid, start);
 }
 
@@ -342,6 +342,13 @@ std::error_code shared_segment::open(std::string_view nm, std::uint32_t flags,
   } catch (...) {
     return fail(ENOMEM, "open_shared_device: out of memory");
   }
+  // Peers tell a live process from a dead one by its /proc start time: without it, this
+  // process would look dead to them and its counters would be reclaimed under it.
+  if (std::uint64_t start = 0; !process_start(static_cast<std::uint32_t>(::getpid()), start))
+    return fail(ENOTSUP,
+                "open_shared_device: /proc/%d/stat is unreadable; shared devices identify "
+                "processes by pid and start time and need /proc (mount it)",
+                static_cast<int>(::getpid()));
   my_word = self_word();
   const bool create = (flags & shared_create) != 0, excl = (flags & shared_excl) != 0;
   for (int attempt = 0; attempt < 64; ++attempt) {
