@@ -273,7 +273,7 @@ std::error_code shared_segment::initialise(std::uint32_t mode) noexcept {
   if (::ftruncate(fd, 0) != 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
     return fail(errno, "open_shared_device: cannot size '%s' to %zu bytes: %s", dev_name.c_str(),
                 bytes, std::strerror(errno));
-  if (::fchmod(fd, mode) != 0)
+  if (::fchmod(fd, mode) != 0 && errno != EPERM)  // EPERM: not ours (a group segment)
     return fail(errno, "open_shared_device: fchmod(0%o) of '%s' failed: %s", mode, dev_name.c_str(),
                 std::strerror(errno));
   if (auto e = attach_map(bytes)) return e;
@@ -287,7 +287,10 @@ std::error_code shared_segment::initialise(std::uint32_t mode) noexcept {
   h.cells_offset = shm::cells_offset();
   h.records_offset = shm::records_offset(shm::default_cells);
   h.total_size = bytes;
-  h.creator_uid = static_cast<std::uint32_t>(::geteuid());
+  // The file's owner (a group member may re-initialise a stale group segment it did not create).
+  struct stat st{};
+  h.creator_uid = ::fstat(fd, &st) == 0 ? static_cast<std::uint32_t>(st.st_uid)
+                                        : static_cast<std::uint32_t>(::geteuid());
   cell_count = shm::default_cells;
   cells = reinterpret_cast<shm::cell*>(static_cast<char*>(base) + shm::cells_offset());
   records =
@@ -428,12 +431,11 @@ std::error_code shared_segment::open(std::string_view nm, std::uint32_t flags,
     }
     if (auto e = validate(st)) return done(e);
     const std::uint32_t state = hdr->state.load(std::memory_order_acquire);
-    if (state == shm::seg_retired) {
-      retry();
-      continue;
-    }
-    bool stale = state == shm::seg_initializing;  // its initialiser died holding the flock
-    if (state != shm::seg_initializing && state != shm::seg_ready)
+    // Retired and still linked: its last process could not unlink it (a retiring close holds
+    // the flock until it has unlinked, and we hold it now), so nobody uses it: stale.
+    // Initialising: its initialiser died holding the flock.
+    bool stale = state == shm::seg_initializing || state == shm::seg_retired;
+    if (!stale && state != shm::seg_ready)
       return done(fail(EBADMSG, "open_shared_device: '%s' has a corrupt state word (%u); remove it",
                        dev_name.c_str(), state));
     if (!stale) {
