@@ -813,6 +813,10 @@ TEST_CASE("shared counters: credits, completion tracker and poll work across pro
     CHILD_CHECK(compcntr_comp_cntr_release(pb) == 0);
     CHILD_CHECK(compcntr_close_device(cd) == 0);
   });
+  errno = 0;  // triggers hear only this process's updates: refused on shared counters, named
+  CHECK(compcntr_trigger_arm(a, 1, [](void*, int) {}, nullptr, COMPCNTR_TRIGGER_INLINE) == nullptr);
+  CHECK(errno == ENOTSUP);
+  CHECK(contains(compcntr_last_error_message(), "shared counter"));
   REQUIRE(compcntr_credits_acquire(cr, 0, 2, 0) == 0);          // the window
   CHECK(compcntr_credits_acquire(cr, 0, 1, 0) == ETIMEDOUT);    // empty until the peer returns
   REQUIRE(compcntr_tracker_issue(t, 3) == 0);
