@@ -426,6 +426,11 @@ trigger_node* arm_trigger(slot& s, std::uint64_t threshold, trigger_action fn, v
     return nullptr;
   };
   if (fn == nullptr) return refuse(EINVAL, "the action is NULL");
+  // A trigger list hears this process's updates only: refused on a shared counter, whose
+  // updates come from other processes too (docs/shared.md, "Not yet").
+  if (is_shared(s))
+    return refuse(ENOTSUP, "the counter is a shared counter; triggers on shared counters are not "
+                           "supported yet (wait on it, or arm on a private counter)");
   if (mode != trigger_inline && mode != trigger_deferred)
     return refuse(EINVAL, "flags must be exactly one of COMPCNTR_TRIGGER_INLINE and "
                           "COMPCNTR_TRIGGER_DEFERRED (trigger_mode::immediate / deferred)");
