@@ -69,13 +69,21 @@ SITE_RE = re.compile(r"^compcntr-fault pid=(\d+) site=(\w+) calls=(\d+)$", re.M)
 INJ_RE = re.compile(r"^compcntr-fault pid=\d+ injected site=(\w+) call=(\d+) code=(\w+)$", re.M)
 
 
+ERRNO = {"EAGAIN": 11, "ENOMEM": 12, "EIO": 5, "EINVAL": 22, "EBUSY": 16, "ENOSYS": 38,
+         "ETIMEDOUT": 110, "ECANCELED": 125, "EAVAIL": 259, "ETRUNC": 265}
+
+
 def names_of(code):
-    """How a program's output names an injected code."""
+    """How a program's output names an injected code: -FI_EXXX, or the number a program prints
+    for calls that return a count (fi_av_insert: "= -12")."""
+    if code not in ERRNO:
+        return []
+    names = [f"FI_{code}", f"= -{ERRNO[code]}"]
     if code == "EAVAIL":
-        return ["FI_EAVAIL", "FI_EIO"]  # the CQ read, or the made-up error entry's err
+        names.append("FI_EIO")  # the made-up error entry's err
     if code == "ETRUNC":
-        return ["FI_EAVAIL", "FI_ETRUNC"]
-    return [f"FI_{code}"]
+        names.append("FI_EAVAIL")  # the CQ read that announced the entry
+    return names
 
 
 def one_run(program, provider, fault, fault_dir, hook_dir, timeout, hook=True):
@@ -141,6 +149,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (at most 2 on a shared machine)")
     ap.add_argument("--site", action="append", help="only these sites")
     a = ap.parse_args()
+    a.programs = [p for p in a.programs if os.path.isfile(p)]  # a glob's *.p directories out
     providers = a.provider or ["tcp;ofi_rxm"]
     t0 = time.monotonic()
     bad_base = 0
@@ -162,7 +171,7 @@ def main():
             for site, n in sorted(calls.items()):
                 if site not in table or (a.site and site not in a.site):
                     continue
-                nths = [1] if a.short or n == 1 else [1, (n + 1) // 2]
+                nths = [1] if a.short or n <= 2 else [1, (n + 1) // 2]
                 for code in table[site]:
                     for nth in nths:
                         points.append((prog, prov, site, nth, code))
