@@ -22,8 +22,9 @@ For every program and provider:
                     name the code (a wrong, lost or doubled count)
        misreported  exit != 0 and the FAILED lines do not name the injected code
      A defect outcome is run again with the fault provider alone (no compcntr hook): when that
-     run has a defect outcome too, the defect is libfabric's ("libfabric-<outcome>": noted, not
-     compcntr's; the exit status ignores it), otherwise compcntr's.
+     run has a defect outcome too, it is not compcntr's ("nohook-<outcome>": libfabric's own
+     defect, or the fault's effect on the application itself; noted, the exit status ignores
+     it), otherwise compcntr's.
 Programs are launched with tests/fi_apps/run.py's run() (its process-group kill on timeout).
 
 Usage:
@@ -196,7 +197,7 @@ def main():
                                                a.timeout, hook=False)
             res2 = classify(code, st2, out2, err2, rep2, nohook_bases[(prog, prov)])
             if res2 in DEFECTS:
-                res = "libfabric-" + res
+                res = "nohook-" + res
                 detail = f" (without the compcntr hook: {res2})" + detail
         return p, res, secs, detail
 
