@@ -18,6 +18,9 @@
 // returns -FI_EAVAIL and the CQ's next fi_cq_readerr returns a made-up error entry: err FI_EIO
 // or FI_ETRUNC, no context, olen 1 for ETRUNC) and EAVAIL on cntr_wait (-FI_EAVAIL); 'short' on
 // cntr_read / cntr_readerr (that read returns the value minus one: a provider read that lags);
+// 'lag' on the same sites (from that call on, in every counter, the first two reads after the
+// value changed still return the value read before: each update is seen two reads late, after
+// the provider's own signals of it, e.g. sockets' wait-set byte or fi_poll event);
 // 'wrap32' on cntr_open (the counter opened is one a provider keeps in 32 bits, as sockets does:
 // reads, set and seterr values and wait thresholds are taken mod 2^32; a set of 2^32 + 1 reads 1).
 //
@@ -63,14 +66,17 @@ namespace {
 
 // ---- sites ------------------------------------------------------------------------------------
 
-#define FAULT_SITES(X)                                                                          \
-  X(domain)                                                                                     \
-  X(endpoint)                                                                                   \
-  X(cq_open) X(cntr_open) X(av_open) X(mr_reg) X(mr_regv) X(mr_regattr) X(av_insert) X(ep_bind) \
-      X(enable) X(recv) X(recvv) X(recvmsg) X(send) X(sendv) X(sendmsg) X(inject) X(senddata)   \
-          X(injectdata) X(trecv) X(trecvmsg) X(tsend) X(tsendmsg) X(tinject) X(read) X(readmsg) \
-              X(write) X(writemsg) X(inject_write) X(cq_read) X(cq_readfrom) X(cq_readerr)      \
-                  X(cq_sread) X(cntr_read) X(cntr_readerr) X(cntr_wait)
+#define FAULT_SITES(X)                                                                             \
+  X(domain)                                                                                        \
+  X(endpoint)                                                                                      \
+  X(cq_open)                                                                                       \
+  X(cntr_open)                                                                                     \
+  X(av_open)                                                                                       \
+  X(mr_reg) X(mr_regv) X(mr_regattr) X(av_insert) X(ep_bind) X(enable) X(recv) X(recvv) X(recvmsg) \
+      X(send) X(sendv) X(sendmsg) X(inject) X(senddata) X(injectdata) X(trecv) X(trecvmsg)         \
+          X(tsend) X(tsendmsg) X(tinject) X(read) X(readmsg) X(write) X(writemsg) X(inject_write)  \
+              X(cq_read) X(cq_readfrom) X(cq_readerr) X(cq_sread) X(cntr_read) X(cntr_readerr)     \
+                  X(cntr_wait)
 
 enum site : int {
 #define X(n) s_##n,
@@ -86,7 +92,7 @@ const char* const site_names[n_sites] = {
 
 // ---- codes ------------------------------------------------------------------------------------
 
-enum special : int { c_plain = 0, c_short = 1, c_wrap32 = 2 };
+enum special : int { c_plain = 0, c_short = 1, c_wrap32 = 2, c_lag = 3 };
 struct code_name {
   const char* name;
   int err; // FI_E* (positive), 0 for the value faults
@@ -104,6 +110,7 @@ const code_name codes[] = {
     {"EAVAIL", FI_EAVAIL, c_plain},
     {"ETRUNC", FI_ETRUNC, c_plain},
     {"short", 0, c_short},
+    {"lag", 0, c_lag},
     {"wrap32", 0, c_wrap32},
 };
 
@@ -267,7 +274,11 @@ struct rec {
   const fi_ops_av* av_orig = nullptr;
   fi_ops_av av_copy{};
   std::atomic<int> fake_err{0}; // CQ: a made-up error entry is pending (its err)
-  bool wrap32 = false; // counter: kept in 32 bits, 2 below the top
+  bool wrap32 = false; // counter: kept in 32 bits, as sockets' are
+  // counter, 'lag': the values last returned by read / readerr, and how many reads saw a newer
+  // one (the third returns it)
+  std::atomic<std::uint64_t> shown[2] = {0, 0};
+  std::atomic<int> behind[2] = {0, 0};
 };
 
 std::mutex g_reg_mu;
@@ -325,21 +336,37 @@ int err_of(int code) noexcept { return codes[code].err ? -codes[code].err : 0; }
 
 constexpr std::uint64_t k_mask32 = 0xffffffffu;
 
+std::atomic<bool> g_lag[2]; // 'lag' in force for cntr_read [0] / cntr_readerr [1]
+
+// What read (k 0) or readerr (k 1) returns, given the provider's value v and this call's fault.
+std::uint64_t read_value(rec* r, int k, std::uint64_t v, int f) noexcept {
+  if (r->wrap32) v &= k_mask32;
+  if (f >= 0 && codes[f].special == c_lag) g_lag[k].store(true);
+  if (g_lag[k].load()) {
+    // The first two reads of a new value return the old one; the third returns the new one.
+    const std::uint64_t old = r->shown[k].load();
+    if (old != v) {
+      if (r->behind[k].fetch_add(1) < 2) {
+        v = old;
+      } else {
+        r->behind[k].store(0);
+        r->shown[k].store(v);
+      }
+    }
+  }
+  if (f >= 0 && codes[f].special == c_short && v > 0) --v;
+  return v;
+}
+
 uint64_t cntr_read(fid_cntr* c) {
   rec* r = find(&c->fid);
   const int f = fault_at(s_cntr_read);
-  std::uint64_t v = r->cntr_orig->read(c);
-  if (r->wrap32) v &= k_mask32;
-  if (f >= 0 && codes[f].special == c_short && v > 0) --v;
-  return v;
+  return read_value(r, 0, r->cntr_orig->read(c), f);
 }
 uint64_t cntr_readerr(fid_cntr* c) {
   rec* r = find(&c->fid);
   const int f = fault_at(s_cntr_readerr);
-  std::uint64_t v = r->cntr_orig->readerr(c);
-  if (r->wrap32) v &= k_mask32;
-  if (f >= 0 && codes[f].special == c_short && v > 0) --v;
-  return v;
+  return read_value(r, 1, r->cntr_orig->readerr(c), f);
 }
 int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
   rec* r = find(&c->fid);
