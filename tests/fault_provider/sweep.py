@@ -117,14 +117,16 @@ def one_run(program, provider, fault, fault_dir, hook_dir, timeout, hook=True):
 
 
 def classify(code, status, out, err, rep, base_out):
+    # A crash first: a process that died (libfabric's SIGSEGV handler then exits) never closed
+    # its counters, so LeakSanitizer's report at that exit is the crash's, not a leak.
+    if (isinstance(status, int) and status < 0) or "ended by signal" in out \
+            or "terminated with signal" in err:  # libfabric's own SIGSEGV handler
+        return "crash"
     if re.search(r"AddressSanitizer|LeakSanitizer|ThreadSanitizer|runtime error:", err):
         return "asan"
     if status == "timeout" or "still running after the alarm" in out \
             or "no report from the client process" in out:
         return "hang"
-    if (isinstance(status, int) and status < 0) or "ended by signal" in out \
-            or "terminated with signal" in err:  # libfabric's own SIGSEGV handler
-        return "crash"
     if not INJ_RE.search(rep):
         return "not-reached" if status == 0 and out == base_out else "differs"
     names = names_of(code)
