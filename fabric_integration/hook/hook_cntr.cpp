@@ -200,12 +200,29 @@ int cntr_adderr(fid_cntr* c, uint64_t value) {
     return 0;
   });
 }
+// After a set, until the provider's reads show the value set, an older and larger value read
+// would be taken as growth past the new baseline -- for good: once the provider's value is the
+// one set, it is below the baseline and every later gain is "stale" until it passes it. A
+// provider read that lags the provider's own set (a counter a NIC writes back to memory; the
+// fault provider's 'lag', which found this: fi_cntr_set(c, 3) after 42 read 42 through the hook
+// from then on) is therefore read until it shows the value, a bounded number of times (events
+// counted right after the set keep it from ever matching: then the baseline is the value set, as
+// before). Not while an endpoint bound to the counter is not enabled (rxm and shm progress it on
+// a read and crash on such an endpoint).
+void settle(hook_cntr* h, bool err, std::uint64_t value) noexcept {
+  if (h->pending.load(std::memory_order_acquire) != 0) return;
+  const std::uint64_t mask = h->m.mask(), want = value & mask;
+  for (int i = 0; i < 64; ++i)
+    if (((err ? fi_cntr_readerr(h->hidden) : fi_cntr_read(h->hidden)) & mask) == want) return;
+}
+
 int cntr_set(fid_cntr* c, uint64_t value) {
   hook_cntr* h = of(c);
   if (!h->hidden) return -compcntr_set_comp_cntr(h->cc, value);
   return h->m.resync([&](std::uint64_t& last, std::uint64_t&) {
     const int r = fi_cntr_set(h->hidden, value);
     if (r != 0) return r;
+    settle(h, false, value);
     last = value;
     compcntr_set_comp_cntr(h->cc, value);
     return 0;
@@ -217,6 +234,7 @@ int cntr_seterr(fid_cntr* c, uint64_t value) {
   return h->m.resync([&](std::uint64_t&, std::uint64_t& last_err) {
     const int r = fi_cntr_seterr(h->hidden, value);
     if (r != 0) return r;
+    settle(h, true, value);
     last_err = value;
     compcntr_set_err_comp_cntr(h->cc, value);
     return 0;
@@ -276,10 +294,12 @@ bool err_since_readerr(hook_cntr* h) noexcept {
 // provider's values pulled (by the caller): an update after the reset signals the wait set
 // again, one the pull carries into cc makes the armed fd readable, so none is lost between the
 // check and the sleep.
-void drain_sockets_waitset(hook_cntr* h) noexcept {
+// Returns whether it drained any signal (an update the provider signalled since the last drain).
+bool drain_sockets_waitset(hook_cntr* h) noexcept {
+  int i = 0;
   if (h->sockets && h->waitset != nullptr)
-    for (int i = 0; i < 4096 && fi_wait(h->waitset, 0) == 0; ++i) {
-    }
+    while (i < 4096 && fi_wait(h->waitset, 0) == 0) ++i;
+  return i > 0;
 }
 // The provider side alone (wait_on_fds arms cc's fd later, see there).
 int arm_provider(hook_cntr* h) noexcept {
@@ -665,6 +685,8 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   // Can the provider's counter be waited on? A threshold of 0 is met at once where it can.
   const int w = fi_cntr_wait(hidden, 0, 0);
   h->wait_rc = (w == -FI_ENOSYS || w == -FI_EOPNOTSUPP || w == -FI_EINVAL) ? w : 0;
+  // sockets signalled the probe's sets on the wait set: not news for the first fi_trywait.
+  drain_sockets_waitset(h);
   h->cntr.fid.fclass = FI_CLASS_CNTR;
   h->cntr.fid.context = context;
   h->cntr.fid.ops = &cntr_fid_ops;
@@ -682,7 +704,13 @@ int cntr_trywait(hook_cntr* h, fid** pass, int cap, int* npass) noexcept {
   // arm makes the fd readable, one before it is in the values read here. A util wait set is
   // reset and checked by the provider's trywait, in the same call as the application's other
   // provider fids (its check sees what came after its reset).
-  drain_sockets_waitset(h);
+  //
+  // A sockets signal drained here is news even when the pull below shows no change: the signal is
+  // gone, so if the provider's read does not show its update yet (a read that lags the signal),
+  // answering 0 would put the application to sleep on an fd nothing will make readable again --
+  // a lost wake-up (issue 22's fault sweep, fault provider code 'lag'). -FI_EAGAIN makes it read
+  // and try again; the next trywait drains nothing unless another update came.
+  const bool signalled = drain_sockets_waitset(h);
   if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
   if (!by_thread(h) && h->hidden) {
     h->m.pull_comp();
@@ -692,7 +720,7 @@ int cntr_trywait(hook_cntr* h, fid** pass, int cap, int* npass) noexcept {
   const std::uint64_t v = value_of(h), e = errors_of(h);
   const bool changed = h->seen_v.exchange(v, std::memory_order_relaxed) != v;
   const bool err_changed = h->seen_e.exchange(e, std::memory_order_relaxed) != e;
-  return changed || err_changed ? -FI_EAGAIN : 0;
+  return changed || err_changed || signalled ? -FI_EAGAIN : 0;
 }
 
 bool progress_all() noexcept {

@@ -72,9 +72,12 @@ struct numa_topology;
 namespace compcntr::detail {
 /// OS index of the CPU the calling thread runs on (rseq cpu_id, else sched_getcpu()).
 int real_current_cpu() noexcept;
-/// Loads the topology described by cfg (nullptr only when out of memory). Never fails otherwise:
-/// if hwloc cannot load it, the result has no hwloc topology and describes why.
+/// The topology described by cfg (nullptr only when out of memory). Never fails otherwise:
+/// if hwloc cannot load it, the result has no hwloc topology and describes why. Loaded once per
+/// process and source (this machine, a synthetic description, an XML file) and shared by every
+/// pool of that source; a failed load is not kept (the next call tries again).
 numa_topology* load_numa_topology(const pool_config& cfg) noexcept;
+/// Releases a pool's topology: destroys one that failed to load; a shared one stays.
 void destroy_numa_topology(numa_topology* t) noexcept;
 /// NUMA nodes (0 if hwloc failed), and the OS index of dense node `dense`.
 int numa_topology_nodes(const numa_topology* t) noexcept;

@@ -1,5 +1,17 @@
 // The hwloc side of the slot pool (compcntr:pool): loading the topology, mapping CPUs to NUMA
 // nodes, allocating and freeing arena memory bound to a node, and reading the current CPU.
+//
+// Loaded once per process (issue 22): every device open used to load the topology (~5 ms of
+// CPU on a 2-vCPU VM, and hwloc 2.9 can crash inside its load under malloc failure). Now the
+// first open of each topology source (this machine, a synthetic description, an XML file, as
+// named by the pool_config or HWLOC_SYNTHETIC / HWLOC_XMLFILE at that open) loads it, under a
+// mutex, and every later pool with the same source shares it. Shared topologies are never
+// destroyed (they stay reachable from the cache, so LeakSanitizer does not count them); a load
+// that failed is not cached (the next open tries again: the failure may have been ENOMEM).
+// Sharing is safe: after the load nothing modifies a topology; pools only query it and call
+// hwloc's (de)allocation and membind queries, which read it (hwloc's thread-safety rule for
+// read-only use). The membind query that fills hwloc's lazily cached sysfs state runs inside the
+// load, under the mutex.
 module;
 #include <hwloc.h>
 #include <sched.h>
@@ -14,6 +26,7 @@ module;
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -27,6 +40,9 @@ struct numa_topology {
   bool can_bind = false;               ///< this system, and hwloc can bind area memory here
   std::string source;                  ///< "this machine", "synthetic '...'", "XML file '...'"
   std::string problem;                 ///< why hwloc or binding failed, empty if it did not
+  std::string key;                     ///< the cache key of its source
+  bool shared = false;                 ///< in the process-wide cache: never destroyed
+  numa_topology* next = nullptr;       ///< the next cached topology
 };
 
 namespace {
@@ -72,25 +88,65 @@ int real_current_cpu() noexcept {
   return sched_getcpu();
 }
 
+namespace {
+
+// The process-wide cache (a list: a process sees one or a few sources) and its lock, both
+// constant-initialised and trivially destructible (a pool may outlive static destructors).
+constinit std::mutex cache_mu;
+numa_topology* cache_head = nullptr;  // under cache_mu
+
+// Loads a topology for t (its source and key set); see load_numa_topology.
+void load_into(numa_topology*& t, const pool_config& cfg);
+
+}  // namespace
+
 numa_topology* load_numa_topology(const pool_config& cfg) noexcept {
   auto* t = new (std::nothrow) numa_topology;
   if (!t) return nullptr;
   try {
-    if (cfg.synthetic)
+    // The source, and the cache key that names it (the same words without the origin).
+    if (cfg.synthetic) {
       t->source = std::string("synthetic topology '") + cfg.synthetic + "'";
-    else if (cfg.xml_file)
+      t->key = std::string("S:") + cfg.synthetic;
+    } else if (cfg.xml_file) {
       t->source = std::string("XML topology '") + cfg.xml_file + "'";
-    else if (const char* s = std::getenv("HWLOC_SYNTHETIC"); s && *s)
+      t->key = std::string("X:") + cfg.xml_file;
+    } else if (const char* s = std::getenv("HWLOC_SYNTHETIC"); s && *s) {
       t->source = std::string("synthetic topology '") + s + "' (HWLOC_SYNTHETIC)";
-    else if (const char* x = std::getenv("HWLOC_XMLFILE"); x && *x)
+      t->key = std::string("ES:") + s;
+    } else if (const char* x = std::getenv("HWLOC_XMLFILE"); x && *x) {
       t->source = std::string("XML topology '") + x + "' (HWLOC_XMLFILE)";
-    else
+      t->key = std::string("EX:") + x;
+    } else {
       t->source = "this machine";
+      t->key = "M";
+    }
+  } catch (...) {  // std::bad_alloc from a string
+    delete t;
+    return nullptr;
+  }
+  std::lock_guard lock(cache_mu);
+  for (numa_topology* c = cache_head; c; c = c->next)
+    if (c->key == t->key) {
+      delete t;
+      return c;
+    }
+  load_into(t, cfg);
+  if (t == nullptr || t->topo == nullptr) return t;  // not cached: the next open tries again
+  t->shared = true;
+  t->next = cache_head;
+  cache_head = t;
+  return t;
+}
 
+namespace {
+
+void load_into(numa_topology*& t, const pool_config& cfg) {
+  try {
     hwloc_topology_t topo = nullptr;
     if (hwloc_topology_init(&topo) != 0) {
       t->problem = sprintf_string("hwloc_topology_init failed%s: %s", "", errno);
-      return t;
+      return;
     }
     // Only PUs, NUMA nodes and the nodes' cpusets matter here, but no type filter is set: a NUMA
     // node's cpuset is the one of the object it hangs from, so dropping packages / groups / caches
@@ -106,19 +162,19 @@ numa_topology* load_numa_topology(const pool_config& cfg) noexcept {
       hwloc_topology_destroy(topo);
       t->problem =
           sprintf_string("hwloc rejected the synthetic description '%s': %s", cfg.synthetic, err);
-      return t;
+      return;
     }
     if (!cfg.synthetic && cfg.xml_file && hwloc_topology_set_xml(topo, cfg.xml_file) != 0) {
       const int err = errno;
       hwloc_topology_destroy(topo);
       t->problem = sprintf_string("hwloc cannot read the XML topology '%s': %s", cfg.xml_file, err);
-      return t;
+      return;
     }
     if (hwloc_topology_load(topo) != 0) {
       const int err = errno;
       hwloc_topology_destroy(topo);
       t->problem = sprintf_string("hwloc_topology_load failed%s: %s", "", err);
-      return t;
+      return;
     }
     t->topo = topo;
     for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n;
@@ -144,14 +200,16 @@ numa_topology* load_numa_topology(const pool_config& cfg) noexcept {
     else if (!t->can_bind)
       t->problem = "hwloc cannot bind memory on this system: arenas are not bound to their nodes";
   } catch (...) { // std::bad_alloc from a string or vector
-    destroy_numa_topology(t);
-    return nullptr;
+    if (t->topo) hwloc_topology_destroy(t->topo);
+    delete t;
+    t = nullptr;
   }
-  return t;
 }
 
+} // namespace
+
 void destroy_numa_topology(numa_topology* t) noexcept {
-  if (!t) return;
+  if (!t || t->shared) return; // a shared topology stays for the life of the process
   if (t->topo) hwloc_topology_destroy(t->topo);
   delete t;
 }

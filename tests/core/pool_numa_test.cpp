@@ -6,11 +6,13 @@
 #include <hwloc.h>
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -342,4 +344,107 @@ TEST_CASE(
   }
   hwloc_bitmap_free(where);
   hwloc_topology_destroy(topo);
+}
+
+// ---- one topology per process and source (issue 22) ----
+
+TEST_CASE("pools of one topology source share one hwloc topology, loaded once per process") {
+  // Before issue 22 every pool (every device open) loaded its own topology: each pool had a
+  // topology of its own, so these pointers differed.
+  void* first = nullptr;
+  {
+    slot_pool a(pool_config{.capacity = 10, .synthetic = "numa:2 core:1 pu:1"});
+    first = a.hwloc_topology();
+    REQUIRE(first != nullptr);
+    slot_pool b(pool_config{.capacity = 10, .synthetic = "numa:2 core:1 pu:1"});
+    CHECK(b.hwloc_topology() == first);
+    CHECK(b.numa_nodes() == 2);
+    CHECK(contains(b.status(), "synthetic topology 'numa:2 core:1 pu:1'"));
+  }
+  // Both pools gone: the topology stays for the next pool of that source.
+  slot_pool c(pool_config{.capacity = 10, .synthetic = "numa:2 core:1 pu:1"});
+  CHECK(c.hwloc_topology() == first);
+  // Another source is another topology, and so is the same description through HWLOC_SYNTHETIC
+  // (its status names the variable).
+  slot_pool d(pool_config{.capacity = 10, .synthetic = "numa:3 core:1 pu:1"});
+  CHECK(d.hwloc_topology() != first);
+  CHECK(d.numa_nodes() == 3);
+  scoped_env env("HWLOC_SYNTHETIC", "numa:2 core:1 pu:1");
+  scoped_env no_xml("HWLOC_XMLFILE", nullptr);
+  slot_pool e(pool_config{.capacity = 10});
+  CHECK(e.hwloc_topology() != first);
+  CHECK(e.numa_nodes() == 2);
+  CHECK(contains(e.status(), "(HWLOC_SYNTHETIC)"));
+  slot_pool f(pool_config{.capacity = 10});
+  CHECK(f.hwloc_topology() == e.hwloc_topology());
+}
+
+TEST_CASE("this machine's topology is shared by every device of the process") {
+  scoped_env no_syn("HWLOC_SYNTHETIC", nullptr);
+  scoped_env no_xml("HWLOC_XMLFILE", nullptr);
+  slot_pool a(pool_config{.capacity = 10});
+  slot_pool b(pool_config{.capacity = 10});
+  REQUIRE(a.hwloc_topology() != nullptr);
+  CHECK(a.hwloc_topology() == b.hwloc_topology());
+  CHECK(a.numa_nodes() == b.numa_nodes());
+  // Devices opened and closed one after the other keep working on it.
+  for (int i = 0; i < 3; ++i) {
+    auto dev = open_soft();
+    auto c = make_counter(dev);
+    c.add(2);
+    CHECK(c.value() == 2);
+  }
+}
+
+TEST_CASE("pools of a new source created concurrently load it once and all share it") {
+  constexpr int n = 8;
+  std::vector<std::unique_ptr<slot_pool>> pools(n);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      ready.fetch_add(1);
+      while (ready.load() < n) std::this_thread::yield(); // start together
+      pools[static_cast<std::size_t>(i)] = std::make_unique<slot_pool>(
+          pool_config{.capacity = 100, .synthetic = "pack:2 numa:1 core:3 pu:1"});
+      fake_cpu = 3 * (i % 2); // a CPU of package i % 2
+      std::error_code ec;
+      slot* s = pools[static_cast<std::size_t>(i)]->allocate(-1, ec);
+      if (s)
+        pools[static_cast<std::size_t>(i)]->release(*s);
+      else
+        ready.fetch_add(1000); // reported below (no REQUIRE off the main thread)
+    });
+  for (auto& t : threads) t.join();
+  CHECK(ready.load() == n); // every thread allocated from its pool
+  for (int i = 1; i < n; ++i)
+    CHECK(pools[static_cast<std::size_t>(i)]->hwloc_topology() == pools[0]->hwloc_topology());
+  CHECK(pools[0]->numa_nodes() == 2);
+}
+
+TEST_CASE("a topology that failed to load is not kept: the next pool of that source tries again") {
+  char dir[] = "/tmp/compcntr_topo_XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/later.xml";
+  {
+    slot_pool a(pool_config{.capacity = 10, .xml_file = path.c_str()});
+    CHECK(a.hwloc_topology() == nullptr);
+    CHECK(a.numa_nodes() == 1);
+    CHECK(contains(a.status(), "later.xml"));
+  }
+  // The file appears: the same source now loads (a kept failure would still say one node).
+  const std::string src = topology_file("topology-3node.xml");
+  std::FILE* in = std::fopen(src.c_str(), "rb");
+  std::FILE* out = std::fopen(path.c_str(), "wb");
+  REQUIRE(in != nullptr);
+  REQUIRE(out != nullptr);
+  char buf[4096];
+  for (std::size_t k; (k = std::fread(buf, 1, sizeof buf, in)) > 0;) std::fwrite(buf, 1, k, out);
+  std::fclose(in);
+  std::fclose(out);
+  slot_pool b(pool_config{.capacity = 10, .xml_file = path.c_str()});
+  CHECK(b.hwloc_topology() != nullptr);
+  CHECK(b.numa_nodes() == 3);
+  std::remove(path.c_str());
+  ::rmdir(dir);
 }

@@ -114,7 +114,57 @@ attempt_result open_attempt(mode m, long k, unsigned kinds) {
   return {pts, d == nullptr};
 }
 
+// The first open of a process loads the hwloc topology; later opens share it (issue 22), so the
+// in-process sweeps below reach hwloc only through their first call. This sweep makes each
+// point of the first open fail in a fresh child process whose first open it is (the count pass
+// too), so the topology load stays swept: hwloc failures degrade to one unbound node, and with
+// malloc failing hwloc may abort inside its load (counted, as in sweep_malloc).
+void sweep_first_open(const char* name, unsigned kinds) {
+  fault::current() = name;
+  int p[2];
+  FCHECK(pipe(p) == 0, "pipe");
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    long n = open_attempt(mode::count, 0, kinds).points;
+    _exit(write(p[1], &n, sizeof n) == sizeof n ? 0 : 1);
+  }
+  close(p[1]);
+  long n = -1;
+  const bool got = read(p[0], &n, sizeof n) == sizeof n;
+  close(p[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  FCHECK(got && WIFEXITED(status) && WEXITSTATUS(status) == 0, "count pass of the first open");
+  if (!got) return;
+  long aborts = 0;
+  for (long k = 1; k <= n; ++k)
+    for (mode m : {mode::once, mode::from}) {
+      const int r = fault::isolated([&] { open_attempt(m, k, kinds); });
+      ++fault::tally().runs;
+      if (r == 2 && (kinds & fault::malloc_)) {
+        ++aborts;
+      } else if (r != 0) {
+        ++fault::tally().failures;
+        std::fprintf(stderr, "fault: FAILED [%s] point %ld failing (%s): %s\n", name, k,
+                     m == mode::once ? "once" : "from then on", r == 1 ? "check failed" : "crash");
+      }
+    }
+  ++fault::tally().scenarios;
+  fault::tally().points += n;
+  fault::tally().hwloc_aborts += aborts;
+  std::printf("fault:   %-62s %3ld point(s), each in a fresh process; hwloc aborted at %ld of "
+              "%ld runs\n",
+              name, n, aborts, 2 * n);
+  std::fflush(stdout);
+}
+
 void family_device() {
+  // First, while no open has loaded the topology in this process (the children inherit that).
+  sweep_first_open("first open_device(\"soft\") of a process",
+                   fault::alloc | fault::fd | fault::hwloc);
+  if (fault::malloc_available())
+    sweep_first_open("first open_device(\"soft\") of a process [malloc]", fault::malloc_);
   fault::sweep("open_device(\"soft\")", fault::alloc | fault::fd | fault::hwloc, open_attempt);
   fault::sweep_malloc("open_device(\"soft\") [malloc, hwloc included]", open_attempt);
   // hwloc cannot read its topology: the device opens with one node and unbound memory.
