@@ -111,6 +111,9 @@ void fire(state& s, int ci) {
 void evaluate(state& s, int ci) {
   if (!s.c[ci].live) return;
   if (s.depth > 0) {
+    // The library looks first whether anything is due (the lowest armed threshold against the
+    // value): a counter with nothing due is not put on the stack.
+    if (due(s, ci).empty()) return;
     if (!s.c[ci].pending) {
       s.c[ci].pending = true;
       s.stack.push_back(ci);
