@@ -150,6 +150,11 @@ std::uint64_t errors_of(hook_cntr* h) noexcept {
   return v;
 }
 
+// ofi_compcntr's deferred work (layer_ops::progress) after the counter calls; the hook has none.
+inline void layer_progress() noexcept {
+  if (const layer_ops* l = layer()) l->progress();
+}
+
 // Caller progress: pull from the provider (which runs its progress, as fi_cntr_read of the
 // provider's own counter does). Progress thread: the thread pulls; a read is a load, and every
 // k_reader_pull_every-th read of the counter pulls too (a spinning reader drives progress).
@@ -160,6 +165,7 @@ uint64_t cntr_read(fid_cntr* c) {
     h->m.pull_comp();
     note_caller_pull(h);
   }
+  layer_progress();
   return value_of(h);
 }
 
@@ -170,6 +176,7 @@ uint64_t cntr_readerr(fid_cntr* c) {
     h->m.pull_err();
     note_caller_pull(h);
   }
+  layer_progress();
   const std::uint64_t e = errors_of(h);
   if (h->sockets) h->err_at_readerr.store(e, std::memory_order_relaxed);
   return e;
@@ -178,7 +185,7 @@ uint64_t cntr_readerr(fid_cntr* c) {
 // add/set: the provider's counter first (its answer is the application's answer; a refusal
 // changes nothing), then cc and the mirror's baseline, all inside one resync so no pull mixes a
 // value from before with one from after.
-int cntr_add(fid_cntr* c, uint64_t value) {
+int cntr_add_(fid_cntr* c, uint64_t value) {
   hook_cntr* h = of(c);
   if (!h->hidden) return -compcntr_inc_comp_cntr(h->cc, value);
   return h->m.resync([&](std::uint64_t& last, std::uint64_t&) {
@@ -189,7 +196,12 @@ int cntr_add(fid_cntr* c, uint64_t value) {
     return 0;
   });
 }
-int cntr_adderr(fid_cntr* c, uint64_t value) {
+int cntr_add(fid_cntr* c, uint64_t value) {
+  const int r = cntr_add_(c, value);
+  layer_progress();
+  return r;
+}
+int cntr_adderr_(fid_cntr* c, uint64_t value) {
   hook_cntr* h = of(c);
   if (!h->hidden) return -compcntr_inc_err_comp_cntr(h->cc, value);
   return h->m.resync([&](std::uint64_t&, std::uint64_t& last_err) {
@@ -200,7 +212,12 @@ int cntr_adderr(fid_cntr* c, uint64_t value) {
     return 0;
   });
 }
-int cntr_set(fid_cntr* c, uint64_t value) {
+int cntr_adderr(fid_cntr* c, uint64_t value) {
+  const int r = cntr_adderr_(c, value);
+  layer_progress();
+  return r;
+}
+int cntr_set_(fid_cntr* c, uint64_t value) {
   hook_cntr* h = of(c);
   if (!h->hidden) return -compcntr_set_comp_cntr(h->cc, value);
   return h->m.resync([&](std::uint64_t& last, std::uint64_t&) {
@@ -211,7 +228,12 @@ int cntr_set(fid_cntr* c, uint64_t value) {
     return 0;
   });
 }
-int cntr_seterr(fid_cntr* c, uint64_t value) {
+int cntr_set(fid_cntr* c, uint64_t value) {
+  const int r = cntr_set_(c, value);
+  layer_progress();
+  return r;
+}
+int cntr_seterr_(fid_cntr* c, uint64_t value) {
   hook_cntr* h = of(c);
   if (!h->hidden) return -compcntr_set_err_comp_cntr(h->cc, value);
   return h->m.resync([&](std::uint64_t&, std::uint64_t& last_err) {
@@ -222,6 +244,11 @@ int cntr_seterr(fid_cntr* c, uint64_t value) {
     return 0;
   });
 }
+int cntr_seterr(fid_cntr* c, uint64_t value) {
+  const int r = cntr_seterr_(c, value);
+  layer_progress();
+  return r;
+}
 
 // A waiter drives progress itself, with or without the progress thread: it has nothing else to
 // do, and waking it through the thread costs a scheduling round (see k_reader_pull_every).
@@ -230,6 +257,7 @@ void progress_both(void* ctx) noexcept {
   h->m.pull_comp();
   h->m.pull_err();
   note_caller_pull(h);
+  layer_progress();
 }
 void progress_yield(void* ctx) noexcept {
   progress_both(ctx);
@@ -525,6 +553,10 @@ hook_cntr* as_hook_cntr(const fid* f) noexcept {
 }
 
 fid_cntr* hidden_of(hook_cntr* c) noexcept { return c->hidden; }
+compcntr_comp_cntr* comp_of(hook_cntr* c) noexcept { return c->cc; }
+void pull(hook_cntr* c) noexcept {
+  if (c->hidden) c->m.pull_comp();
+}
 
 void note_bound(hook_cntr*) noexcept { stats().cntr_bound.fetch_add(1, std::memory_order_relaxed); }
 
