@@ -25,7 +25,6 @@ namespace compcntr_hook {
 namespace {
 // ---- patched ops tables ----------------------------------------------------------------------
 
-
 // Whether `field` lies inside a table of `size` bytes (older providers have shorter tables).
 #define HOOK_HAS(T, field, size) \
   (offsetof(T, field) + sizeof(static_cast<T*>(nullptr)->field) <= (size))
@@ -373,7 +372,8 @@ void fill_msg(fi_ops_msg& t, std::size_t size) {
 }
 
 ssize_t rma_readmsg(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) {
-  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER)) return l->rmamsg(ep, msg, flags, false);
+  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
+    return l->rmamsg(ep, msg, flags, false);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->rma)->readmsg(ep, msg, flags);
 }
@@ -460,7 +460,8 @@ ssize_t atomic_compwritemsg(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* 
                             void** compare_desc, size_t compare_count, fi_ioc* resultv,
                             void** result_desc, size_t result_count, std::uint64_t flags) {
   if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
-    return l->atomicmsg(ep, msg, comparev, compare_desc, compare_count, resultv, result_desc, result_count, flags, 2);
+    return l->atomicmsg(ep, msg, comparev, compare_desc, compare_count, resultv, result_desc,
+                        result_count, flags, 2);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->atomic)
       ->compwritemsg(ep, msg, comparev, compare_desc, compare_count, resultv, result_desc,
@@ -689,7 +690,8 @@ int dom_endpoint(fid_domain* d, fi_info* app_info, fid_ep** ep, void* context) {
   int r = orig_of(d->ops)->endpoint(d, safe ? safe : info, ep, context);
   if (r != 0 && safe != nullptr) r = orig_of(d->ops)->endpoint(d, info, ep, context);
   fi_freeinfo(safe);
-  if (r == 0 && ep && *ep) install_ep(*ep, trig_tx(info), trig_rx(info)), ep_opened(*ep, d, app_info);
+  if (r == 0 && ep && *ep)
+    install_ep(*ep, trig_tx(info), trig_rx(info)), ep_opened(*ep, d, app_info);
   return r;
 }
 int dom_endpoint2(fid_domain* d, fi_info* app_info, fid_ep** ep, std::uint64_t flags,
@@ -700,7 +702,8 @@ int dom_endpoint2(fid_domain* d, fi_info* app_info, fid_ep** ep, std::uint64_t f
   int r = orig_of(d->ops)->endpoint2(d, safe ? safe : info, ep, flags, context);
   if (r != 0 && safe != nullptr) r = orig_of(d->ops)->endpoint2(d, info, ep, flags, context);
   fi_freeinfo(safe);
-  if (r == 0 && ep && *ep) install_ep(*ep, trig_tx(info), trig_rx(info)), ep_opened(*ep, d, app_info);
+  if (r == 0 && ep && *ep)
+    install_ep(*ep, trig_tx(info), trig_rx(info)), ep_opened(*ep, d, app_info);
   return r;
 }
 int dom_scalable_ep(fid_domain* d, fi_info* app_info, fid_ep** sep, void* context) {
