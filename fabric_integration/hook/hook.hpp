@@ -94,6 +94,9 @@ struct layer_ops {
   bool (*emulates_rma_event)(fid_ep* ep);
   /// After every counter read, wait round, add and set: the layer's deferred work runs here.
   void (*progress)();
+  /// Whether the layer has work the next progress call should retry at once (a wait that would
+  /// sleep on the provider's fds goes round again instead).
+  bool (*busy)();
 };
 const layer_ops* layer() noexcept;
 

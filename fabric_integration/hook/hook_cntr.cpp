@@ -335,6 +335,7 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
   auto check = [&]() noexcept -> int {
     h->m.pull_comp();
     note_caller_pull(h);
+    layer_progress();
     if (value_of(h) >= threshold) return 0;
     h->m.pull_err();
     if (errors_of(h) != err0) return -FI_EAVAIL;
@@ -365,6 +366,7 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
     if (const int r = check(); r <= 0) return r;
     if (timeout >= 0 && now >= deadline) return -FI_ETIMEDOUT;
     if (armed == -FI_EAGAIN) continue; // work pending: progress again, no sleep
+    if (const layer_ops* l = layer(); l && l->busy()) continue; // the layer's posts to retry
     if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
     if (value_of(h) >= threshold) return 0;
     if (errors_of(h) != err0) return -FI_EAVAIL;

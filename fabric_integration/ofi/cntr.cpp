@@ -11,6 +11,8 @@
 // inside a provider callback. Nested calls (a completion counter's fi_cntr_add) return at once;
 // a second thread finding a round running leaves it to that thread.
 #include "ofi.hpp"
+#include <cstdio>
+#include <cstdlib>
 
 namespace compcntr_ofi {
 
@@ -30,11 +32,20 @@ void progress() noexcept {
   static thread_local std::vector<hook_cntr*> counters;
   static thread_local std::vector<fid_cq*> cqs;
   armed_counters(counters);
+  if (getenv("OFI_DBG")) fprintf(stderr, "progress: %zu armed counters active %ld\n", counters.size(), active().load());
   for (hook_cntr* h : counters) compcntr_hook::pull(h);
   compcntr_trigger_progress(compcntr_hook::device());
   post_ready();
   inflight_cqs(cqs);
   for (fid_cq* cq : cqs) cq_drain(cq);
+}
+
+bool busy() noexcept {
+  if (active().load(std::memory_order_acquire) == 0) return false;
+  std::lock_guard lk(mu());
+  for (domain_st* d : domains())
+    if (!d->ready.empty()) return true;
+  return false;
 }
 
 } // namespace compcntr_ofi

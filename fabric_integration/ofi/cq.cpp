@@ -128,7 +128,8 @@ ssize_t take(cq_st* s, void* buf, std::size_t count, fi_addr_t* src) noexcept {
     fi_cq_tagged_entry tmp[16];
     fi_addr_t srcs[16];
     const std::size_t want = std::min<std::size_t>(16, count - n);
-    const ssize_t r = src ? o->readfrom(s->cq, tmp, want, srcs) : o->read(s->cq, tmp, want);
+    // readfrom always: util's read is a call of fi_cq_readfrom through the table (ours)
+    const ssize_t r = o->readfrom(s->cq, tmp, want, srcs);
     if (r == -FI_EAVAIL && n == 0 && pull_error(s)) return -FI_EAVAIL;
     if (r <= 0) {
       if (n == 0) return r;
@@ -207,7 +208,7 @@ ssize_t sread_common(fid_cq* cq, void* buf, size_t count, fi_addr_t* src, const 
       for (ssize_t i = 0; i < got; ++i)
         if (keep(s, tmp[i], false)) {
           try {
-            s->q.push_back({tmp[i], src ? srcs[i] : FI_ADDR_NOTAVAIL});
+            s->q.push_back({tmp[i], srcs[i]});
           } catch (...) {
           }
         }
@@ -310,7 +311,7 @@ void cq_drain(fid_cq* cq) noexcept {
   for (;;) {
     fi_cq_tagged_entry tmp[16];
     fi_addr_t srcs[16];
-    const ssize_t r = o->readfrom ? o->readfrom(cq, tmp, 16, srcs) : o->read(cq, tmp, 16);
+    const ssize_t r = o->readfrom(cq, tmp, 16, srcs);
     if (r == -FI_EAVAIL) {
       pull_error(s);
       return;
@@ -319,7 +320,7 @@ void cq_drain(fid_cq* cq) noexcept {
     for (ssize_t i = 0; i < r; ++i)
       if (keep(s, tmp[i], false)) {
         try {
-          s->q.push_back({tmp[i], o->readfrom ? srcs[i] : FI_ADDR_NOTAVAIL});
+          s->q.push_back({tmp[i], srcs[i]});
         } catch (...) {
         }
       }

@@ -510,6 +510,7 @@ void fill_layer(compcntr_hook::layer_ops& l) noexcept {
   l.atomicmsg = l_atomicmsg;
   l.emulates_rma_event = l_emulates;
   l.progress = progress;
+  l.busy = busy;
 }
 
 } // namespace compcntr_ofi

@@ -116,6 +116,7 @@ void inflight_remove(item* it) noexcept;
 
 // cntr.cpp
 void progress() noexcept;
+bool busy() noexcept;
 /// Marks the calling thread as inside the layer (nested progress calls return at once).
 class in_layer {
  public:
