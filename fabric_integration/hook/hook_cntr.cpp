@@ -699,6 +699,10 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   // Can the provider's counter be waited on? A threshold of 0 is met at once where it can.
   const int w = fi_cntr_wait(hidden, 0, 0);
   h->wait_rc = (w == -FI_ENOSYS || w == -FI_EOPNOTSUPP || w == -FI_EINVAL) ? w : 0;
+  // ofi_compcntr is a provider of its own: its counters serve fi_cntr_wait whatever the wait
+  // object (compcntr's wait, driving the provider below), as sockets' do and fi_trigger
+  // programs expect (fabtests wait on FI_WAIT_NONE counters); the hook answers as the provider.
+  if (layer() != nullptr) h->wait_rc = 0;
   h->cntr.fid.fclass = FI_CLASS_CNTR;
   h->cntr.fid.context = context;
   h->cntr.fid.ops = &cntr_fid_ops;
