@@ -379,6 +379,8 @@ void ep_bound(fid_ep* ep, fid* bfid, std::uint64_t flags) {
     if (flags & FI_RECV) e->cntr_recv = c;
     if (flags & FI_WRITE) e->cntr_write = c;
     if (flags & FI_READ) e->cntr_read = c;
+    if (flags & FI_REMOTE_WRITE) e->cntr_rwrite = c;
+    if (flags & FI_REMOTE_READ) e->cntr_rread = c;
   }
 }
 
@@ -450,6 +452,19 @@ ep_st* find_ep(fid_ep* ep) noexcept {
   std::lock_guard lk(mu());
   auto it = eps().find(ep);
   return it == eps().end() ? nullptr : it->second;
+}
+
+std::vector<ep_st*> eps_of(domain_st* d) noexcept {
+  std::vector<ep_st*> v;
+  std::lock_guard lk(mu());
+  for (auto& [ep, e] : eps())
+    if (e->dom == d) {
+      try {
+        v.push_back(e);
+      } catch (...) {
+      }
+    }
+  return v;
 }
 
 fid_ep* base_ep(fid_ep* ep) noexcept {

@@ -67,6 +67,8 @@ struct ep_st {
   fid_cntr* cntr_recv = nullptr;
   fid_cntr* cntr_write = nullptr;
   fid_cntr* cntr_read = nullptr;
+  fid_cntr* cntr_rwrite = nullptr; ///< FI_REMOTE_WRITE
+  fid_cntr* cntr_rread = nullptr; ///< FI_REMOTE_READ
 };
 
 /// A domain of the layer.
@@ -90,6 +92,8 @@ std::vector<domain_st*>& domains() noexcept;
 
 // ep.cpp
 ep_st* find_ep(fid_ep* ep) noexcept;
+/// The endpoints of `d` (under mu()).
+std::vector<ep_st*> eps_of(domain_st* d) noexcept;
 /// The endpoint an operation is posted on: an alias of ours stands for its endpoint.
 fid_ep* base_ep(fid_ep* ep) noexcept;
 /// The provider below's *msg calls (bypassing the layer and the machinery's wrappers).
@@ -155,6 +159,15 @@ void inflight_cqs(std::vector<fid_cq*>& out) noexcept;
 void* item_completed(item* it, bool error, bool* app_wants) noexcept;
 /// Cancels and frees every item of `ds` (domain close) or that posts on `ep` (endpoint close).
 void drop_items(domain_st* ds, fid_ep* ep) noexcept;
+
+/// Calls f(counter) for every counter bound to an endpoint of `d` (under mu()).
+template <class F>
+void for_each_bound_cntr(domain_st* d, F&& f) {
+  for (ep_st* e : eps_of(d))
+    for (fid_cntr* c : {e->cntr_send, e->cntr_recv, e->cntr_write, e->cntr_read, e->cntr_rwrite,
+                        e->cntr_rread})
+      if (c) f(c);
+}
 
 } // namespace compcntr_ofi
 

@@ -509,14 +509,22 @@ void post_ready() noexcept {
 void armed_counters(std::vector<hook_cntr*>& out) noexcept {
   std::lock_guard lk(mu());
   out.clear();
-  for (domain_st* d : domains())
+  auto add = [&](hook_cntr* h) noexcept {
+    if (h == nullptr || std::find(out.begin(), out.end(), h) != out.end()) return;
+    try {
+      out.push_back(h);
+    } catch (...) {
+    }
+  };
+  for (domain_st* d : domains()) {
+    if (d->items.empty()) continue;
     for (item* it : d->items)
-      if (it->state == s_armed && std::find(out.begin(), out.end(), it->trig_cntr) == out.end()) {
-        try {
-          out.push_back(it->trig_cntr);
-        } catch (...) {
-        }
-      }
+      if (it->state == s_armed) add(it->trig_cntr);
+    // A triggering counter no endpoint is bound to (fabtests' test counter, a counter only
+    // fi_cntr_add moves) drives no endpoint when pulled: the counters bound to the domain's
+    // endpoints are pulled too, so the provider moves the data that makes the triggers due.
+    for_each_bound_cntr(d, [&](fid_cntr* c) { add(hook_of(c)); });
+  }
 }
 
 void inflight_cqs(std::vector<fid_cq*>& out) noexcept {
