@@ -49,6 +49,14 @@ __attribute__((noinline)) void opcount_raw_load(const std::atomic<std::uint64_t>
 __attribute__((noinline)) void opcount_add(compcntr::counter& c, std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) c.add(1);
 }
+/// An add of a counter whose triggers are armed above its value (the watcher path: two loads
+/// more, no lock), and adds that each fire one pre-armed arm_add trigger (compcntr:trigger).
+__attribute__((noinline)) void opcount_add_armed_ahead(compcntr::counter& c, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) c.add(1);
+}
+__attribute__((noinline)) void opcount_trigger_fire(compcntr::counter& c, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) c.add(1);
+}
 __attribute__((noinline)) void opcount_raw_add(std::atomic<std::uint64_t>& a, std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) a.fetch_add(1);
 }
@@ -214,7 +222,19 @@ int main(int argc, char** argv) {
     opcount_add(c, n);
   else if (op == "raw_add")
     opcount_raw_add(a, n);
-  else if (op == "create_destroy") {
+  else if (op == "add_armed_ahead" || op == "trigger_fire") {
+    auto target = dev.create_counter(compcntr::counter_type::wrs, ec);
+    std::vector<compcntr::trigger> ts;
+    const bool fire = op == "trigger_fire";
+    for (std::uint64_t t = 1; t <= (fire ? n : 1) && !ec; ++t)
+      ts.push_back(compcntr::trigger::arm_add(c, fire ? t : ~std::uint64_t{0}, target, 1, ec));
+    if (ec) return std::fprintf(stderr, "arm: %s\n", compcntr::last_error_message().data()), 1;
+    if (fire)
+      opcount_trigger_fire(c, n);
+    else
+      opcount_add_armed_ahead(c, n);
+    if (fire && target.value() != n) return std::fprintf(stderr, "trigger_fire: lost\n"), 1;
+  } else if (op == "create_destroy") {
     std::vector<compcntr::counter> v(n);
     warm_pool(dev, v, n);
     opcount_create_destroy(dev, v, n);

@@ -23,7 +23,7 @@ printf '%-20s %14s %12s\n' op instructions 'per op'
 declare -A fn=([c_read]=p11_c_read [c_read_err]=p11_c_read_err [c_inc]=p11_c_inc
                [c_inc_err]=p11_c_inc_err [c_wait_satisfied]=p11_c_wait_satisfied
                [c_raw_load]=p11_c_raw_load [c_raw_fetch_add]=p11_c_raw_fetch_add)
-for op in raw_load read c_raw_load c_read c_read_err raw_add add c_raw_fetch_add c_inc c_inc_err \
+for op in raw_load read c_raw_load c_read c_read_err raw_add add add_armed_ahead trigger_fire c_raw_fetch_add c_inc c_inc_err \
           c_wait_satisfied striped_add striped_read create_destroy create_destroy_one c_create_destroy \
           freelist_one freelist_all; do
   f=${fn[$op]:-opcount_$op}

@@ -141,6 +141,41 @@ void loopback_traffic() {
 }  // namespace
 
 void runtime_demo(compcntr::device& dev);  // demo_runtime.cpp
+
+// Triggered operations (docs/trigger.md): actions armed on a counter and a threshold.
+void trigger_demo(compcntr::device& dev) {
+  section("triggers: actions that run when a counter reaches a threshold");
+  std::error_code ec;
+  auto inputs = dev.create_counter(compcntr::counter_type::wrs, ec);
+  auto ready = dev.create_counter(compcntr::counter_type::wrs, ec);
+  auto stage2 = dev.create_counter(compcntr::counter_type::wrs, ec);
+  std::vector<std::uint64_t> order;
+  std::vector<compcntr::trigger> ts;
+  for (std::uint64_t th : {30, 10, 20})  // armed out of order
+    ts.push_back(compcntr::trigger::arm(
+        inputs, th, compcntr::trigger_mode::immediate,
+        [&order, th](int status) {
+          if (status == 0) order.push_back(th);
+        },
+        ec));
+  ts.push_back(compcntr::trigger::arm_add(inputs, 40, ready, 1, ec));   // ready += 1 at 40
+  ts.push_back(compcntr::trigger::arm_add(ready, 1, stage2, 100, ec));  // a chain: stage2 += 100
+  auto later =
+      compcntr::trigger::arm(inputs, 1000, compcntr::trigger_mode::deferred, [](int) {}, ec);
+  inputs.add(25);
+  inputs.add_error(3);  // errors do not advance the completion value: nothing fires
+  inputs.add(15);
+  std::printf("  armed at 30, 10, 20 (out of order); add(25), add_error(3), add(15):\n");
+  std::printf("    fired in threshold order:");
+  for (std::uint64_t th : order) std::printf(" %" PRIu64, th);
+  std::printf("\n    arm_add chain at 40: ready %" PRIu64 ", stage2 %" PRIu64
+              " (expected 1, 100)\n",
+              ready.value(), stage2.value());
+  std::printf("  the deferred trigger at 1000: cancel() -> %s; state %s\n",
+              later.cancel() == std::errc{} ? "cancelled (its action got ECANCELED)" : "EALREADY",
+              later.state() == compcntr::trigger_state::cancelled ? "cancelled" : "?");
+  ts.clear();
+}
 #if COMPCNTR_DEMO_FABRIC
 void fabric_demo();  // demo_fabric.cpp
 #endif
@@ -202,6 +237,7 @@ int main() {
   std::printf("  device still open: %s, live counters: %u\n", dev ? "yes" : "no",
               dev.live_counters());
 
+  trigger_demo(dev);
   loopback_traffic();
   runtime_demo(dev);
 #if COMPCNTR_DEMO_FABRIC

@@ -10,7 +10,7 @@
 //   core (modules/core/): cache_padded, error, types, backoff, slot (memory ordering), lifetime
 //     (refs, pins, generation, the free path), pool (where slots live), backend (the device
 //     seam and the device core), counter (counter, counter_view), counter_ref (resolved ids),
-//     device, wait (wait, poll_any, pollable fds);
+//     device, wait (wait, poll_any, pollable fds), trigger (actions at a threshold);
 //   features (modules/features/): mr (registered memory), qp (queue pairs, attach), cmd_comp
 //     (asynchronous command completion), refresher (mirrors of device-held counters), credits
 //     (per-peer credit tracking for MPI runtimes), tracker (issued vs completed one-sided
@@ -30,6 +30,7 @@ export import :counter;
 export import :counter_ref;
 export import :device;
 export import :wait;
+export import :trigger;
 export import :mr;
 export import :qp;
 export import :cmd_comp;

@@ -21,9 +21,10 @@
 //     costs nothing over release/acquire (`lock xadd`, plain `mov`).
 //   * an update releases: what the updater wrote before add() is visible to a thread whose
 //     value()/errors() (acquire) returns the updated value or a later one.
-//   * the same Dekker pairing covers poll_any (watch_pollers) and armed fds (watch_fd_armed):
-//     notify_slow() (src/core/slot.cpp) wakes futex sleepers, signals the armed fd once and
-//     bumps the futex word of every registered poll_any.
+//   * the same Dekker pairing covers poll_any (watch_pollers), armed fds (watch_fd_armed) and
+//     armed triggers (watch_triggers): notify_slow() (src/core/slot.cpp) wakes futex sleepers,
+//     signals the armed fd once, bumps the futex word of every registered poll_any and runs or
+//     queues the triggers that are due (compcntr:trigger).
 //
 // Example (what compcntr::counter does; the library's layers use slots directly):
 //     slot.add(1);                                    // completion: seq_cst RMW + load of watch
@@ -60,7 +61,7 @@ struct hw_counter_ops {
 /// Bits of slot::watch: who must hear about an update.
 inline constexpr std::uint32_t watch_sleepers_mask = 0x00ffffffu;  ///< waiters asleep in futex
 inline constexpr std::uint32_t watch_fd_armed = 1u << 24;           ///< a pollable fd is armed
-inline constexpr std::uint32_t watch_hook = 1u << 25;               ///< an update hook is armed
+inline constexpr std::uint32_t watch_triggers = 1u << 25;           ///< triggers are armed
 inline constexpr std::uint32_t watch_pollers = 1u << 26;            ///< poll_any sleepers in ext
 
 /// Extension block for rarely used per-counter features, allocated on demand (first pollable_fd
@@ -156,7 +157,7 @@ struct alignas(false_sharing_range) slot {
   // RMW just wrote, while the poller is fetching that line, pays for the line a second time
   // (bench P4: 1.7-2.4x a raw spin ping-pong with them on line 0, 1.02-1.16x here).
   alignas(cache_line_size) std::atomic<std::uint32_t> watch{
-      0}; ///< sleepers | watch_fd_armed | watch_hook | pollers
+      0}; ///< sleepers | watch_fd_armed | watch_triggers | pollers
   /// Transient holds that keep the slot bound while the counter may already be destroyed
   /// (in-flight async queries, refreshers); never make destroy EBUSY. compcntr:lifetime.
   std::atomic<std::uint32_t> pins{0};

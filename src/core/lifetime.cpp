@@ -32,6 +32,11 @@ void finish_counter_slot(slot& s) noexcept {
 // ordering: acq_rel RMWs on `pins` on both sides, so exactly one side sees the other's update
 // and whoever finishes sees every prior write.
 void free_counter_slot(slot& s) noexcept {
+  // Armed triggers are cancelled now, not at finish (pins may delay that): nothing of the
+  // counter's runs after its destroy returns (compcntr:trigger). Only a counter with an
+  // extension block can have any: one load of a line the finish reads anyway.
+  if (s.ext.load(std::memory_order_acquire) != nullptr) [[unlikely]]
+    end_slot_triggers(s);
   // No pin held (the common case): nobody can take one any more -- pin_slot needs a live
   // reference and the last one is gone -- so the slot is finished without a locked RMW. The
   // acquire load pairs with the last unpin's acq_rel decrement (its reads happen before the

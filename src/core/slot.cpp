@@ -16,6 +16,8 @@ void slot::notify_slow() noexcept {
     futex::wake(wake_seq);
   }
   if ((w & (watch_fd_armed | watch_pollers)) != 0) notify_ext(*this, w);
+  // Last: inline trigger actions may take a while, waiters are woken first.
+  if ((w & watch_triggers) != 0) fire_slot_triggers(*this);
 }
 
 void slot::kick() noexcept {

@@ -12,6 +12,15 @@ usage: run_runtime.py MPIRUN PROGRAM NP EXPECT [program args...]
           killed:<text>   the job does not end by itself within the limit: the runner ends it,
                           <text> is in the output, and no process of the job survives
 
+  --two-hosts (before the program arguments): run the job across two simulated hosts, network
+  namespaces this runner creates (cc<pid>a, cc<pid>b; the second host's processes also get a UTS
+  namespace with its own host name, as Open MPI keys its session files by host name) joined by a veth pair with addresses of
+  their own (198.18.<x>.1 and .2, the benchmarking range of RFC 2544; nothing else is ever
+  addressed), half of the ranks in each; mpirun runs in the first and starts its daemon in the
+  second through an rsh agent that enters that namespace. Torn down on every exit path (also on
+  SIGTERM/SIGINT). Where namespaces cannot be created (no root, no CAP_NET_ADMIN, no iproute2)
+  the test is skipped (exit 77) with the reason.
+
 Every run is bounded (a hung job is killed and fails the test): mpirun runs in a session of its
 own; past the limit (90 s, or --runner-limit S before the program arguments) it gets SIGTERM
 (it then kills its ranks), and after a grace period every process left in the session gets
@@ -21,10 +30,66 @@ spinning on a core of the CI machine) fails the test. mpirun runs as root with
 """
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+
+
+class TwoHosts:
+    """Two network namespaces joined by a veth pair, and the files mpirun needs to span them."""
+
+    def __init__(self, np_):
+        tag = os.getpid() % 100000
+        self.ns = [f'cc{tag}a', f'cc{tag}b']
+        net = 18 + (os.getpid() % 2)   # 198.18.0.0/15: 198.18.x or 198.19.x
+        sub = os.getpid() % 250
+        self.addrs = [f'198.{net}.{sub}.1', f'198.{net}.{sub}.2']
+        self.dir = tempfile.mkdtemp(prefix='cc-two-hosts-')
+        self.created = []
+        self.np = np_
+
+    def ip(self, *args):
+        r = subprocess.run(['ip'] + list(args), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f'ip {" ".join(args)}: {r.stderr.strip()}')
+
+    def up(self):
+        for n in self.ns:
+            self.ip('netns', 'add', n)
+            self.created.append(n)
+        self.ip('link', 'add', 'ccnet0', 'netns', self.ns[0], 'type', 'veth', 'peer', 'name',
+                'ccnet0', 'netns', self.ns[1])
+        for n, a in zip(self.ns, self.addrs):
+            self.ip('-n', n, 'addr', 'add', a + '/24', 'dev', 'ccnet0')
+            self.ip('-n', n, 'link', 'set', 'ccnet0', 'up')
+            self.ip('-n', n, 'link', 'set', 'lo', 'up')
+        agent = os.path.join(self.dir, 'agent.sh')
+        with open(agent, 'w') as f:
+            f.write('#!/bin/sh\n# rsh agent: "agent [options] HOST COMMAND..." runs COMMAND in HOST\'s'
+                    ' namespace\n'
+                    'while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done\n'
+                    'host=$1; shift\ncase "$host" in\n' +
+                    ''.join(f'  {a}) ns={n};;\n' for n, a in zip(self.ns, self.addrs)) +
+                    '  *) echo "agent: unknown host $host" >&2; exit 1;;\nesac\n'
+                    '# a UTS namespace and a host name of its own: Open MPI names its session\n'
+                    '# directory and shared-memory segments after the host name, and the two\n'
+                    '# simulated hosts share /tmp and /dev/shm\n'
+                    'exec ip netns exec "$ns" unshare --uts /bin/sh -c "hostname $ns; $*"\n')
+        os.chmod(agent, 0o755)
+        hosts = os.path.join(self.dir, 'hosts')
+        with open(hosts, 'w') as f:
+            for a in self.addrs:
+                f.write(f'{a} slots={self.np // 2}\n')
+        return agent, hosts
+
+    def down(self):
+        for n in reversed(self.created):   # deleting a namespace deletes its veth end too
+            subprocess.run(['ip', 'netns', 'del', n], capture_output=True)
+        self.created = []
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def arg_value(args, name, default):
@@ -72,7 +137,41 @@ def main():
     if '--runner-limit' in args:   # the runner's, not the program's
         k = args.index('--runner-limit')
         limit, args = float(args[k + 1]), args[:k] + args[k + 2:]
-    cmd = [mpirun]
+    two = None
+    if '--two-hosts' in args:
+        args = [a for a in args if a != '--two-hosts']
+        if shutil.which('ip') is None:
+            print('SKIP: two simulated hosts need iproute2 (ip) for network namespaces')
+            return 77
+        two = TwoHosts(np_)
+
+        def on_signal(signum, _frame):
+            two.down()
+            sys.exit(128 + signum)
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            agent, hosts = two.up()
+        except RuntimeError as e:
+            two.down()
+            print(f'SKIP: cannot create the two simulated hosts\' network namespaces: {e}')
+            return 77
+    try:
+        return run(mpirun, prog, np_, expect, args, limit, two)
+    finally:
+        if two is not None:
+            two.down()
+
+
+def run(mpirun, prog, np_, expect, args, limit, two):
+    cmd = []
+    if two is not None:
+        agent, hosts = os.path.join(two.dir, 'agent.sh'), os.path.join(two.dir, 'hosts')
+        cmd = ['ip', 'netns', 'exec', two.ns[0], mpirun, '--hostfile', hosts,
+               '--mca', 'plm_rsh_agent', agent, '--mca', 'oob_tcp_if_include', 'ccnet0',
+               '--mca', 'btl_tcp_if_include', 'ccnet0', '-x', 'FI_TCP_IFACE=ccnet0']
+    else:
+        cmd = [mpirun]
     if os.geteuid() == 0:
         cmd.append('--allow-run-as-root')
     cmd += ['--oversubscribe', '--bind-to', 'none', '-np', str(np_), prog] + args

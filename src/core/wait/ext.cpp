@@ -28,12 +28,18 @@ struct slot_ext {
   poll_link* pollers = nullptr;            ///< doubly linked list of registered poll_any calls
   std::atomic<int> fd{-1};                 ///< eventfd, -1 until pollable_fd()
   std::atomic<bool> fd_signaled{false};    ///< written since the last arm drained it
+  /// Signals between winning the armed bit and recording fd_signaled (signal_fd): an arm that
+  /// sees one in flight drains the fd, whether or not its write has landed yet.
+  std::atomic<std::uint32_t> fd_writing{0};
   /// Threshold arming (arm_fd(c, threshold)): while fd_thresholded, an update signals the fd
   /// only once value >= fd_threshold or errors != fd_err0. Written by the arming thread before
   /// its watch RMW, read by updaters after their watch load (seq_cst both: ordered).
   std::atomic<bool> fd_thresholded{false};
   std::atomic<std::uint64_t> fd_threshold{0};
   std::atomic<std::uint64_t> fd_err0{0};
+  /// The counter's triggers (compcntr:trigger), created by the first arm; this block holds a
+  /// reference on it, dropped when the block is freed.
+  std::atomic<trigger_list*> triggers{nullptr};
 };
 
 namespace {
@@ -96,17 +102,34 @@ bool fd_condition(const slot& s, const slot_ext& e) noexcept {
 }
 
 // Disarms and makes the fd readable, if this caller is the one that clears the armed bit.
+// One-shot: only the update that clears the bit writes, later ones pay nothing.
+// The arm's drain (drain_fd) must never miss readiness that is not this arm's: the signal is
+// counted in flight (fd_writing) before its write and recorded (fd_signaled) after it, and an
+// arm drains when either says so. An arm that runs while the write has landed but is not yet
+// recorded drains it (a signaller preempted there once made an epoll loop see the fd readable
+// after every fresh arm, thousands of times in a row: issue 22); one that runs before the write
+// lands drains nothing, and that readiness is the one spurious wake-up the next arm removes
+// (fd_signaled is set by then, or the write is still in flight).
 void signal_fd(slot& s, slot_ext& e) noexcept {
   if ((s.watch.fetch_and(~watch_fd_armed, std::memory_order_acq_rel) & watch_fd_armed) == 0) return;
-  // One-shot: only the update that clears the bit writes, later ones pay nothing.
-  // Write first, then mark: an arm_fd that runs between the two finds nothing to drain yet
-  // leaves this readiness for the next arm to drain (one spurious wake-up at most). Marking
-  // first would let that arm clear the mark before the write lands, and no later arm would
-  // ever drain the fd: it would stay readable and an epoll loop would spin.
+  e.fd_writing.fetch_add(1, std::memory_order_seq_cst);
   const std::uint64_t one = 1;
   [[maybe_unused]] const ssize_t n =
       ::write(e.fd.load(std::memory_order_acquire), &one, sizeof one);
-  e.fd_signaled.store(true, std::memory_order_release);
+  e.fd_signaled.store(true, std::memory_order_seq_cst);
+  e.fd_writing.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+// The arms' drain of earlier readiness: a read (non-blocking eventfd) only when a signal was
+// recorded since the last drain or is in flight now; no syscall otherwise. Memory ordering:
+// seq_cst exchange then seq_cst load, against signal_fd's seq_cst increment, store, decrement:
+// an arm that misses the record (exchange before the store) sees the signal in flight.
+void drain_fd(slot_ext& e, int fd) noexcept {
+  const bool recorded = e.fd_signaled.exchange(false, std::memory_order_seq_cst);
+  if (recorded || e.fd_writing.load(std::memory_order_seq_cst) != 0) {
+    std::uint64_t v;
+    [[maybe_unused]] const ssize_t n = ::read(fd, &v, sizeof v);
+  }
 }
 
 }  // namespace
@@ -132,7 +155,13 @@ void free_slot_ext_slow(slot& s) noexcept {
   if (e == nullptr) return;
   const int fd = e->fd.load(std::memory_order_relaxed);
   if (fd >= 0) ::close(fd);
+  if (trigger_list* l = e->triggers.load(std::memory_order_acquire)) release_trigger_list(l);
   delete e;
+}
+
+std::atomic<trigger_list*>* slot_trigger_cell(slot& s, bool create) noexcept {
+  slot_ext* e = create ? ensure_ext(s) : s.ext.load(std::memory_order_acquire);
+  return e != nullptr ? &e->triggers : nullptr;
 }
 
 int slot_fd(slot& s, std::error_code& ec) noexcept {
@@ -181,11 +210,7 @@ slot_ext* arm_prepare(slot& s, const char* call, std::error_code& ec) noexcept {
 void arm_slot_fd_threshold(slot& s, std::uint64_t threshold, std::error_code& ec) noexcept {
   slot_ext* e = arm_prepare(s, "arm_fd_threshold", ec);
   if (e == nullptr) return;
-  const int fd = e->fd.load(std::memory_order_acquire);
-  if (e->fd_signaled.exchange(false, std::memory_order_acq_rel)) {
-    std::uint64_t v;
-    [[maybe_unused]] const ssize_t n = ::read(fd, &v, sizeof v);
-  }
+  drain_fd(*e, e->fd.load(std::memory_order_acquire));
   // The condition first, then the arming RMW: an updater that sees the bit sees the condition.
   e->fd_threshold.store(threshold, std::memory_order_relaxed);
   e->fd_err0.store(s.errors_seq_cst(), std::memory_order_relaxed);
@@ -201,13 +226,10 @@ void arm_slot_fd_threshold(slot& s, std::uint64_t threshold, std::error_code& ec
 void arm_slot_fd(slot& s, std::error_code& ec) noexcept {
   slot_ext* e = arm_prepare(s, "arm_fd", ec);
   if (e == nullptr) return;
-  const int fd = e->fd.load(std::memory_order_acquire);
   e->fd_thresholded.store(false, std::memory_order_seq_cst);
-  // Drain the previous readiness (only if we wrote since the last drain: no syscall otherwise).
-  if (e->fd_signaled.exchange(false, std::memory_order_acq_rel)) {
-    std::uint64_t v;
-    [[maybe_unused]] const ssize_t n = ::read(fd, &v, sizeof v);
-  }
+  // Drain the previous readiness (only if a signal was recorded or is in flight: no syscall
+  // otherwise).
+  drain_fd(*e, e->fd.load(std::memory_order_acquire));
   // Memory ordering: seq_cst RMW (seen by every later update's watch load), then a seq_cst
   // fence so that the caller's following acquire load of the counter is ordered after it
   // (an update this arm does not hear about is visible to that load).

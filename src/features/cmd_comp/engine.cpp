@@ -7,21 +7,21 @@ module;
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <linux/futex.h>
 #include <mutex>
 #include <new>
 #include <pthread.h>
 #include <span>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <system_error>
 #include <thread>
 #include <unistd.h>
+#include "core/wait/futex.hpp"
 module compcntr;
 
 #include "engine.hpp"
@@ -29,15 +29,6 @@ module compcntr;
 namespace compcntr::detail {
 
 namespace {
-
-void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected) noexcept {
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
-            nullptr, nullptr, 0);
-}
-void futex_wake_all(std::atomic<std::uint32_t>& word) noexcept {
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX,
-            nullptr, nullptr, 0);
-}
 
 /// Idle polls of the run queue before the engine sleeps in the kernel: first with `pause`
 /// (~10-20 us), then with sched_yield (~50-100 us when the core is free, shorter turns when it
@@ -117,7 +108,7 @@ void command_engine::stop() noexcept {
 
 void command_engine::wake() noexcept {
   wake_seq_.fetch_add(1, std::memory_order_release);
-  futex_wake_all(wake_seq_);
+  futex::wake(wake_seq_);
 }
 
 void command_engine::submit(engine_cmd_comp* cc) noexcept {
@@ -174,7 +165,7 @@ void command_engine::run() noexcept {
     const std::uint32_t seq = wake_seq_.load(std::memory_order_acquire);
     sleeping_.store(1, std::memory_order_seq_cst);
     if (runq_.load(std::memory_order_seq_cst) == nullptr && !stop_.load(std::memory_order_seq_cst))
-      futex_wait(wake_seq_, seq);
+      futex::wait(wake_seq_, seq, std::chrono::nanoseconds(-1));
     sleeping_.store(0, std::memory_order_relaxed);
     idle = 0;
   }

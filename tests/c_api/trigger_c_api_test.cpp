@@ -1,0 +1,214 @@
+// The C API of triggered operations (include/compcntr/trigger.h): every call's results and errno
+// values, the built-in counter actions, deferred progress and the service thread, the trigger
+// on a QP's completions (a chain of transfers without the caller: the software device's
+// triggered work requests are actions that post).
+#include <compcntr/compcntr.h>
+#include <doctest/doctest.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "c_support.hpp"
+
+using c_support::has;
+using c_support::make_cc;
+
+namespace {
+
+struct record {
+  std::vector<std::pair<int, int>> calls;  // (tag, status)
+};
+struct tagged {
+  record* r;
+  int tag;
+};
+void note(void* ctx, int status) {
+  auto* t = static_cast<tagged*>(ctx);
+  t->r->calls.emplace_back(t->tag, status);
+}
+using calls = std::vector<std::pair<int, int>>;
+
+}  // namespace
+
+TEST_CASE("arm, fire, state, threshold; cancel and EALREADY") {
+  compcntr_device* dev = compcntr_open_device("soft");
+  REQUIRE(dev);
+  compcntr_comp_cntr* cc = make_cc(dev);
+  record r;
+  tagged a{&r, 1}, b{&r, 2};
+  compcntr_trigger* ta = compcntr_trigger_arm(cc, 2, note, &a, COMPCNTR_TRIGGER_INLINE);
+  compcntr_trigger* tb = compcntr_trigger_arm(cc, 1, note, &b, COMPCNTR_TRIGGER_INLINE);
+  REQUIRE(ta);
+  REQUIRE(tb);
+  CHECK(compcntr_trigger_state(ta) == 0);
+  CHECK(compcntr_trigger_threshold(ta) == 2);
+  CHECK(compcntr_inc_comp_cntr(cc, 2) == 0);  // the inline fast path reaches the watcher path
+  CHECK(r.calls == calls{{2, 0}, {1, 0}});
+  CHECK(compcntr_trigger_state(ta) == 1);
+  CHECK(compcntr_trigger_cancel(ta) == EALREADY);
+  CHECK(has("already fired"));
+
+  tagged c{&r, 3};
+  compcntr_trigger* tc = compcntr_trigger_arm(cc, 10, note, &c, COMPCNTR_TRIGGER_INLINE);
+  REQUIRE(tc);
+  CHECK(compcntr_trigger_cancel(tc) == 0);
+  CHECK(r.calls.back() == std::pair{3, ECANCELED});
+  CHECK(compcntr_trigger_state(tc) == 2);
+  CHECK(compcntr_trigger_destroy(ta) == 0);
+  CHECK(compcntr_trigger_destroy(tb) == 0);
+  CHECK(compcntr_trigger_destroy(tc) == 0);
+  CHECK(compcntr_destroy_comp_cntr(cc) == 0);
+  CHECK(compcntr_close_device(dev) == 0);
+}
+
+TEST_CASE("argument errors are EINVAL and arm nothing") {
+  compcntr_device* dev = compcntr_open_device("soft");
+  REQUIRE(dev);
+  compcntr_comp_cntr* cc = make_cc(dev);
+  record r;
+  tagged a{&r, 1};
+  errno = 0;
+  CHECK(compcntr_trigger_arm(nullptr, 1, note, &a, COMPCNTR_TRIGGER_INLINE) == nullptr);
+  CHECK(errno == EINVAL);
+  CHECK(has("cc is NULL"));
+  errno = 0;
+  CHECK(compcntr_trigger_arm(cc, 1, nullptr, &a, COMPCNTR_TRIGGER_INLINE) == nullptr);
+  CHECK(errno == EINVAL);
+  for (uint32_t flags : {0u, 3u, 4u}) {
+    errno = 0;
+    CHECK(compcntr_trigger_arm(cc, 1, note, &a, flags) == nullptr);
+    CHECK(errno == EINVAL);
+    CHECK(has("exactly one of COMPCNTR_TRIGGER_INLINE"));
+  }
+  errno = 0;
+  CHECK(compcntr_trigger_arm_add(cc, 1, nullptr, 1) == nullptr);
+  CHECK(errno == EINVAL);
+  CHECK(compcntr_trigger_arm_set(nullptr, 1, cc, 1) == nullptr);
+  CHECK(compcntr_trigger_cancel(nullptr) == EINVAL);
+  CHECK(compcntr_trigger_destroy(nullptr) == EINVAL);
+  CHECK(compcntr_trigger_state(nullptr) == -EINVAL);
+  errno = 0;
+  CHECK(compcntr_trigger_threshold(nullptr) == 0);
+  CHECK(errno == EINVAL);
+  CHECK(compcntr_trigger_flush(nullptr) == -EINVAL);
+  CHECK(compcntr_trigger_progress(nullptr) == -EINVAL);
+  CHECK(compcntr_trigger_service_start(nullptr) == EINVAL);
+  CHECK(compcntr_trigger_service_stop(nullptr) == EINVAL);
+  CHECK(compcntr_inc_comp_cntr(cc, 5) == 0);
+  CHECK(r.calls.empty());  // nothing was armed
+  CHECK(compcntr_trigger_flush(cc) == 0);
+  CHECK(compcntr_destroy_comp_cntr(cc) == 0);
+  CHECK(compcntr_close_device(dev) == 0);
+}
+
+TEST_CASE("arm_add / arm_set hold their target; flush; progress; destroy with armed triggers") {
+  compcntr_device* dev = compcntr_open_device("soft");
+  REQUIRE(dev);
+  compcntr_comp_cntr* src = make_cc(dev);
+  compcntr_comp_cntr* dst = make_cc(dev);
+  compcntr_trigger* add = compcntr_trigger_arm_add(src, 3, dst, 7);
+  compcntr_trigger* set = compcntr_trigger_arm_set(src, 5, dst, 1000);
+  REQUIRE(add);
+  REQUIRE(set);
+  CHECK(compcntr_destroy_comp_cntr(dst) == EBUSY);  // held by the triggers
+  uint64_t v = 0;
+  compcntr_inc_comp_cntr(src, 3);
+  compcntr_read_comp_cntr(dst, &v);
+  CHECK(v == 7);
+  compcntr_set_comp_cntr(src, 5);
+  compcntr_read_comp_cntr(dst, &v);
+  CHECK(v == 1000);
+
+  record r;
+  tagged d1{&r, 1}, d2{&r, 2}, i9{&r, 9};
+  compcntr_trigger* t1 = compcntr_trigger_arm(src, 6, note, &d1, COMPCNTR_TRIGGER_DEFERRED);
+  compcntr_trigger* t2 = compcntr_trigger_arm(src, 100, note, &d2, COMPCNTR_TRIGGER_DEFERRED);
+  compcntr_trigger* t9 = compcntr_trigger_arm(src, 200, note, &i9, COMPCNTR_TRIGGER_INLINE);
+  REQUIRE(t1);
+  REQUIRE(t2);
+  REQUIRE(t9);
+  compcntr_inc_comp_cntr(src, 1);  // t1 due, not run
+  CHECK(r.calls.empty());
+  CHECK(compcntr_trigger_progress(dev) == 1);
+  CHECK(r.calls == calls{{1, 0}});
+  CHECK(compcntr_trigger_progress(dev) == 0);
+  CHECK(compcntr_trigger_flush(src) == 2);  // t2 (100) and t9 (200)
+  CHECK(r.calls == calls{{1, 0}, {2, ECANCELED}, {9, ECANCELED}});  // threshold order
+
+  tagged late{&r, 50};
+  compcntr_trigger* t50 = compcntr_trigger_arm(src, 50, note, &late, COMPCNTR_TRIGGER_INLINE);
+  REQUIRE(t50);
+  CHECK(compcntr_destroy_comp_cntr(src) == 0);  // cancels t50
+  CHECK(r.calls.back() == std::pair{50, ECANCELED});
+  CHECK(compcntr_trigger_state(t50) == 2);
+  for (compcntr_trigger* t : {add, set, t1, t2, t9, t50}) CHECK(compcntr_trigger_destroy(t) == 0);
+  CHECK(compcntr_destroy_comp_cntr(dst) == 0);  // released by the triggers' destroy
+  CHECK(compcntr_close_device(dev) == 0);
+}
+
+namespace {
+// A triggered work request: when the send counter reaches the threshold, post the next send.
+struct chain_link {
+  compcntr_qp* qp;
+  const char* buf;
+  uint32_t lkey;
+  int posted;
+};
+void post_next(void* ctx, int status) {
+  auto* l = static_cast<chain_link*>(ctx);
+  if (status != 0) return;
+  if (compcntr_post_send(l->qp, 99, l->buf, 8, l->lkey) == 0) ++l->posted;
+}
+}  // namespace
+
+TEST_CASE("triggered work requests on the software device: a chain of sends without the caller") {
+  compcntr_device* dev = compcntr_open_device("soft");
+  REQUIRE(dev);
+  compcntr_qp* a = compcntr_create_qp(dev);
+  compcntr_qp* b = compcntr_create_qp(dev);
+  REQUIRE(a);
+  REQUIRE(b);
+  compcntr_comp_cntr* sends = make_cc(dev);
+  compcntr_comp_cntr* recvs = make_cc(dev);
+  compcntr_qp_attach_comp_cntr_attr sa{0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND};
+  compcntr_qp_attach_comp_cntr_attr ra{0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV};
+  REQUIRE(compcntr_qp_attach_comp_cntr(a, sends, &sa) == 0);
+  REQUIRE(compcntr_qp_attach_comp_cntr(b, recvs, &ra) == 0);
+  REQUIRE(compcntr_modify_qp(a, COMPCNTR_QPS_INIT) == 0);
+  REQUIRE(compcntr_modify_qp(b, COMPCNTR_QPS_INIT) == 0);
+  REQUIRE(compcntr_connect_qp(a, b) == 0);
+  static char out[8] = "payload", in[4][8];
+  compcntr_mr* mo = compcntr_reg_mr(dev, out, sizeof out, COMPCNTR_ACCESS_LOCAL_WRITE);
+  compcntr_mr* mi = compcntr_reg_mr(dev, in, sizeof in, COMPCNTR_ACCESS_LOCAL_WRITE);
+  REQUIRE(mo);
+  REQUIRE(mi);
+  for (int i = 0; i < 4; ++i) REQUIRE(compcntr_post_recv(b, i, in[i], 8, mi->lkey) == 0);
+  // Sends 2, 3 and 4 are posted by deferred triggers on the send counter at 1, 2 and 3.
+  chain_link link{a, out, mo->lkey, 0};
+  std::vector<compcntr_trigger*> ts;
+  for (uint64_t th = 1; th <= 3; ++th) {
+    compcntr_trigger* t =
+        compcntr_trigger_arm(sends, th, post_next, &link, COMPCNTR_TRIGGER_DEFERRED);
+    REQUIRE(t);
+    ts.push_back(t);
+  }
+  REQUIRE(compcntr_trigger_service_start(dev) == 0);
+  REQUIRE(compcntr_post_send(a, 1, out, 8, mo->lkey) == 0);  // the caller posts only the first
+  CHECK(compcntr_wait_comp_cntr(recvs, 4, 10000) == 0);    // the service thread posts the rest
+  CHECK(compcntr_trigger_service_stop(dev) == 0);
+  uint64_t v = 0;
+  compcntr_read_comp_cntr(sends, &v);
+  CHECK(v == 4);
+  CHECK(link.posted == 3);
+  CHECK(std::memcmp(in[3], "payload", 8) == 0);
+  for (compcntr_trigger* t : ts) CHECK(compcntr_trigger_destroy(t) == 0);
+  CHECK(compcntr_destroy_qp(a) == 0);
+  CHECK(compcntr_destroy_qp(b) == 0);
+  CHECK(compcntr_dereg_mr(mo) == 0);
+  CHECK(compcntr_dereg_mr(mi) == 0);
+  CHECK(compcntr_destroy_comp_cntr(sends) == 0);
+  CHECK(compcntr_destroy_comp_cntr(recvs) == 0);
+  CHECK(compcntr_close_device(dev) == 0);
+}
