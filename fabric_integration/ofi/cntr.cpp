@@ -32,7 +32,13 @@ void progress() noexcept {
   static thread_local std::vector<hook_cntr*> counters;
   static thread_local std::vector<fid_cq*> cqs;
   armed_counters(counters);
-  if (getenv("OFI_DBG")) { for (hook_cntr* h : counters) { uint64_t v = 0; compcntr_read_comp_cntr(compcntr_hook::comp_of(h), &v); fprintf(stderr, "progress: armed counter %p value %lu active %ld\n", (void*)h, (unsigned long)v, active().load()); } }
+    for (hook_cntr* h : counters) {
+      uint64_t v = 0;
+      compcntr_read_comp_cntr(compcntr_hook::comp_of(h), &v);
+      fprintf(stderr, "progress: armed counter %p value %lu active %ld\n", (void*)h,
+              (unsigned long)v, active().load());
+    }
+  }
   for (hook_cntr* h : counters) compcntr_hook::pull(h);
   compcntr_trigger_progress(compcntr_hook::device());
   post_ready();

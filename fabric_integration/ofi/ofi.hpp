@@ -164,8 +164,8 @@ void drop_items(domain_st* ds, fid_ep* ep) noexcept;
 template <class F>
 void for_each_bound_cntr(domain_st* d, F&& f) {
   for (ep_st* e : eps_of(d))
-    for (fid_cntr* c : {e->cntr_send, e->cntr_recv, e->cntr_write, e->cntr_read, e->cntr_rwrite,
-                        e->cntr_rread})
+    for (fid_cntr* c :
+         {e->cntr_send, e->cntr_recv, e->cntr_write, e->cntr_read, e->cntr_rwrite, e->cntr_rread})
       if (c) f(c);
 }
 

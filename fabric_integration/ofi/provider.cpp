@@ -113,7 +113,12 @@ int getinfo(uint32_t version, const char* node, const char* service, uint64_t fl
   const uint64_t asked = (hints->caps | (hints->tx_attr ? hints->tx_attr->caps : 0) |
                           (hints->rx_attr ? hints->rx_attr->caps : 0)) &
                          k_added_caps;
-  if (asked == 0) return -FI_ENODATA;
+  // Hints that name us ("tcp;ofi_rxm;ofi_compcntr") get the layer over every provider below
+  // that matches, whatever they ask; all others only where we add an asked capability.
+  const char* hn = hints->fabric_attr ? hints->fabric_attr->prov_name : nullptr;
+  const std::size_t hl = hn ? std::strlen(hn) : 0;
+  const bool named = hl >= k_name_len && strcasecmp(hn + hl - k_name_len, k_name) == 0;
+  if (asked == 0 && !named) return -FI_ENODATA;
   std::string name;
   bool has_name = false;
   try {
@@ -125,7 +130,7 @@ int getinfo(uint32_t version, const char* node, const char* service, uint64_t fl
   t_in_getinfo = true;
   info_ptr full, no_trig, plain;
   // The providers that have everything asked for (sockets): not ours to layer over.
-  query(version, node, service, flags, hints, 0, np, &full.p);
+  if (!named) query(version, node, service, flags, hints, 0, np, &full.p);
   // The providers with the asked FI_RMA_EVENT of their own (shm, udp;ofi_rxd).
   if (asked & FI_RMA_EVENT) query(version, node, service, flags, hints, FI_TRIGGER, np, &no_trig.p);
   const int r = query(version, node, service, flags, hints, asked, np, &plain.p);
@@ -148,7 +153,7 @@ int getinfo(uint32_t version, const char* node, const char* service, uint64_t fl
         }
       }
     }
-    if (!(asked & FI_TRIGGER) && native) continue; // nothing to add
+    if (!named && !(asked & FI_TRIGGER) && native) continue; // nothing to add
     fi_info* n = entry_for(base, asked);
     if (n == nullptr) {
       fi_freeinfo(head);
