@@ -11,8 +11,6 @@
 // inside a provider callback. Nested calls (a completion counter's fi_cntr_add) return at once;
 // a second thread finding a round running leaves it to that thread.
 #include "ofi.hpp"
-#include <cstdio>
-#include <cstdlib>
 
 namespace compcntr_ofi {
 
@@ -32,13 +30,6 @@ void progress() noexcept {
   static thread_local std::vector<hook_cntr*> counters;
   static thread_local std::vector<fid_cq*> cqs;
   armed_counters(counters);
-    for (hook_cntr* h : counters) {
-      uint64_t v = 0;
-      compcntr_read_comp_cntr(compcntr_hook::comp_of(h), &v);
-      fprintf(stderr, "progress: armed counter %p value %lu active %ld\n", (void*)h,
-              (unsigned long)v, active().load());
-    }
-  }
   for (hook_cntr* h : counters) compcntr_hook::pull(h);
   compcntr_trigger_progress(compcntr_hook::device());
   post_ready();
