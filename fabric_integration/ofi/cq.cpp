@@ -200,8 +200,8 @@ ssize_t sread_common(fid_cq* cq, void* buf, size_t count, fi_addr_t* src, const 
     fi_addr_t srcs[16];
     const std::size_t want = std::min<std::size_t>(16, count);
     const fi_ops_cq* o = orig_cq(cq);
-    const ssize_t got =
-        src ? o->sreadfrom(cq, tmp, want, srcs, cond, slice) : o->sread(cq, tmp, want, cond, slice);
+    // sreadfrom always: util's sread is a call of fi_cq_sreadfrom through the table (ours)
+    const ssize_t got = o->sreadfrom(cq, tmp, want, srcs, cond, slice);
     if (got > 0) {
       in_layer g;
       std::lock_guard lk(mu());
