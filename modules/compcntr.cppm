@@ -25,6 +25,7 @@ export import :backoff;
 export import :slot;
 export import :lifetime;
 export import :pool;
+export import :shared;
 export import :backend;
 export import :counter;
 export import :counter_ref;

@@ -28,7 +28,8 @@ struct compcntr_device; /* opaque */
 
 /* NULL or "auto": a native RDMA device if one works, else "soft"; "soft": the software device;
  * else a verbs device name (ENODEV if absent; "" names no device: ENODEV). EINVAL if
- * COMPCNTR_MAX_COUNTERS is set but is not a decimal count in 1..4294963200. */
+ * COMPCNTR_MAX_COUNTERS is set but is not a decimal count in 1..4294963200. "shm:NAME": the
+ * shared device NAME, created if absent, owner-only (<compcntr/shared.h>). */
 struct compcntr_device *compcntr_open_device(const char *name);
 /* EBUSY while objects of the device live (nothing changes then). */
 int compcntr_close_device(struct compcntr_device *dev);
@@ -238,5 +239,6 @@ static inline int compcntr_set_err_comp_cntr_inline_(struct compcntr_comp_cntr *
 #include <compcntr/credits.h>
 #include <compcntr/tracker.h>
 #include <compcntr/trigger.h>
+#include <compcntr/shared.h>
 
 #endif /* COMPCNTR_COMPCNTR_H */

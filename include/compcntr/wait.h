@@ -94,7 +94,9 @@ int compcntr_comp_cntr_arm_fd(struct compcntr_comp_cntr *cc);
  * progress engine wakes once per batch, not once per completion. If the threshold is already
  * reached when arming (or an error raced with it), the fd is readable on return. One-shot, like
  * compcntr_comp_cntr_arm_fd (re-arm to wait again; a new arm replaces the condition and drains
- * an earlier readiness). Readiness may be spurious, never missed: read the counter after it.
+ * an earlier readiness). Readiness may be spurious, never missed: read the counter after it. A
+ * spurious readiness comes only from a signal that raced with the arm, at most one per signal
+ * (an arm drains a signal in flight: tests/core/fd_race_test.cpp).
  * While armed below the threshold, every update of the counter takes the watcher path (a call
  * and a few loads, ~55 instructions; no RMW, no syscall); nothing at all while not armed. Arm
  * from one thread at a time per counter. */

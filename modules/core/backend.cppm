@@ -44,6 +44,7 @@ module;
 export module compcntr:backend;
 import :slot;
 import :pool;
+import :shared;
 import :types;
 import :error;
 
@@ -88,6 +89,8 @@ class backend {
   virtual qp_capability* qps() noexcept { return nullptr; }
   virtual native_attach_capability* native_attach() noexcept { return nullptr; }
   virtual command_capability* commands() noexcept { return nullptr; }
+  /// The segment of a shared device (compcntr:shared), nullptr for a private device.
+  virtual shared_segment* shared() noexcept { return nullptr; }
 };
 
 /// Something a higher layer attaches to a device and the device stops when it dies (the
@@ -196,7 +199,10 @@ class device_core {
     for (counter_type t : {counter_type::wrs, counter_type::bytes})
       if (!backend_->check_type(t)) types_ok_ |= 1u << static_cast<unsigned>(t);
     binds_counters_ = backend_->binds_counters();
+    shared_ = backend_->shared();
   }
+  /// backend::shared(), as the backend answered at open: nullptr for a private device.
+  inline shared_segment* shared() const noexcept { return shared_; }
   /// backend::binds_counters(), as the backend answered at open.
   inline bool binds_counters() const noexcept { return binds_counters_; }
   /// Whether the backend counts `t` (a valid counter_type), as backend::check_type said.
@@ -252,6 +258,7 @@ class device_core {
   progress_registry progress_;
   std::uint32_t types_ok_ = 0;  ///< bit t: check_type(t) succeeded
   bool binds_counters_ = true;  ///< backend::binds_counters()
+  shared_segment* shared_ = nullptr;  ///< backend::shared()
   std::mutex services_mu_;                        ///< add_service only
   std::atomic<device_service*> services_{nullptr};  ///< newest first
 };
@@ -267,5 +274,18 @@ std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_co
 /// number in 1..slot_pool::max_capacity), else default_max_counters (src/core/backend.cpp).
 std::error_code max_counters_from_env(std::uint32_t& out) noexcept;
 inline constexpr std::uint32_t default_max_counters = 1u << 20;
+
+/// The backend of a shared device (src/core/shared/segment.cpp): opens or creates segment NAME
+/// (`name` without the "shm:" prefix) as flags (shared_create, shared_excl) and mode say.
+/// nullptr and ec on failure (EINVAL, ENOENT, EEXIST, EACCES, EBADMSG, EUSERS, ENOMEM, ...).
+std::unique_ptr<backend> open_shared_backend(std::string_view name, std::uint32_t flags,
+                                             std::uint32_t mode, std::error_code& ec) noexcept;
+/// device::resolve on a shared device: a local slot bound to cell `id` with one reference
+/// (the resolver's), or nullptr and ec: ENOENT (no such counter: never created, destroyed, or
+/// its creator died), ESTALE (the id's generation is gone), EBADMSG (corrupt record), ENOMEM.
+slot* resolve_shared_slot(device_core& dev, counter_id id, std::error_code& ec) noexcept;
+/// Reclaims what dead processes held in the segment of shared device `dev`; `reclaimed` = the
+/// dead processes found. EINVAL for a private device.
+std::error_code sweep_shared(device_core& dev, std::uint32_t& reclaimed) noexcept;
 
 } // namespace compcntr::detail

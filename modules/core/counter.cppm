@@ -37,6 +37,7 @@ module;
 export module compcntr:counter;
 import :slot;
 import :lifetime;
+import :shared;
 import :types;
 import :error;
 
@@ -73,8 +74,11 @@ class counter_surface {
   /// A name for this counter that can outlive it: device::resolve() turns it back into access
   /// to this counter while it lives, and reports ESTALE once it is destroyed (even after its
   /// slot went to a new counter). Memory ordering: relaxed load of the slot's generation, which
-  /// only changes when the slot is freed (never while the counter lives).
+  /// only changes when the slot is freed (never while the counter lives). A shared counter's
+  /// id names its cell in the segment (compcntr:shared): it resolves in every process.
   inline counter_id id() const noexcept {
+    if (detail::is_shared(*s())) [[unlikely]]
+      return detail::shared_counter_id(*s());
     return {s()->generation.load(std::memory_order_relaxed), s()->index};
   }
   /// The former name of id() (until 0.2; "handle" is the C struct's slot index).
@@ -112,6 +116,10 @@ class counter_view : public detail::counter_surface<counter_view> {
  private:
   detail::slot* s_ = nullptr;
 };
+
+namespace detail {
+struct counter_access;
+}
 
 /// The completion counter (see the file comment). Move-only owner of its slot.
 class counter : public detail::counter_surface<counter> {
@@ -153,8 +161,17 @@ class counter : public detail::counter_surface<counter> {
 
  private:
   friend class device;
+  friend struct detail::counter_access;
   inline explicit counter(detail::slot* s) noexcept : s_(s) {}
   detail::slot* s_ = nullptr;
 };
+
+namespace detail {
+/// For the C API: a counter object over a reference the caller holds on `s` (it becomes the
+/// object's; the C API's resolved references are counter objects, refused by destroy).
+struct counter_access {
+  static inline counter adopt(slot* s) noexcept { return counter(s); }
+};
+}  // namespace detail
 
 }  // namespace compcntr

@@ -63,6 +63,15 @@ class device {
   /// Opens `name`: "soft", "auto" / "" (native if one works, else soft), or a verbs device name.
   /// On failure returns an empty device and sets ec (ENODEV: no such device).
   static device open(std::string_view name, std::error_code& ec) noexcept;
+  /// Opens or creates the shared device NAME (docs/shared.md; open("shm:NAME") is
+  /// open_shared(NAME, shared_create, 0600)): flags shared_create (create if absent; a stale
+  /// segment, whose processes are all gone, is replaced), shared_excl (with create: EEXIST if
+  /// a live segment exists); mode 0600 or 0660 (group access; 0 means 0600). Errors: EINVAL
+  /// (name not [A-Za-z0-9._-]{1,200}, unknown flag, bad mode), ENOENT (absent, no create),
+  /// EEXIST, EACCES (another user's segment), EBADMSG (corrupt or truncated segment), EUSERS
+  /// (its process table is full of live processes), ENOMEM, and the errno of shm_open/mmap.
+  static device open_shared(std::string_view name, std::uint32_t flags, std::uint32_t mode,
+                            std::error_code& ec) noexcept;
   /// Opens a device served by a backend built outside the library (tests' fake devices, out-of-
   /// tree backends). Takes ownership of `be`; the pool capacity follows COMPCNTR_MAX_COUNTERS.
   /// On failure returns an empty device and sets ec (EINVAL: `be` is null).
@@ -84,8 +93,12 @@ class device {
   /// The live counter `h` names (counter::id()), as a counted reference that keeps it alive
   /// (race semantics: compcntr:counter_ref). On failure an empty ref and ec: ESTALE (the
   /// id's counter was destroyed, even if its slot now holds another counter), EINVAL (`h`
-  /// names no slot of this device).
+  /// names no slot of this device). On a shared device `h` is a shared counter's id from any
+  /// process: ENOENT (no live counter: never created, destroyed, or its creator died), ESTALE
+  /// (the id's generation is gone: its cell was freed).
   inline counter_ref resolve(counter_id h, std::error_code& ec) const noexcept {
+    if (core_->shared() != nullptr) [[unlikely]]
+      return counter_ref(detail::resolve_shared_slot(*core_, h, ec));
     return counter_ref(detail::resolve_counter_slot(core_->pool(), h, ec));
   }
 
@@ -110,6 +123,15 @@ class device {
   /// the software device whose completions happen inside the posting calls. Thread-safe; a
   /// thread that finds another one progressing returns 0 at once.
   inline std::size_t progress() noexcept { return core_->progress(); }
+
+  /// Shared devices: reclaims what dead processes held in the segment (docs/shared.md, "Peer
+  /// death"); returns how many dead processes were found. Runs by itself on open and every
+  /// second in sleeping waits. EINVAL (0) on a private device.
+  inline std::uint32_t sweep(std::error_code& ec) noexcept {
+    std::uint32_t n = 0;
+    ec = detail::sweep_shared(*core_, n);
+    return n;
+  }
 
   /// Closes the device now: EBUSY (and nothing changes) while objects of it live.
   void close(std::error_code& ec) noexcept;

@@ -63,6 +63,7 @@ inline constexpr std::uint32_t watch_sleepers_mask = 0x00ffffffu;  ///< waiters 
 inline constexpr std::uint32_t watch_fd_armed = 1u << 24;           ///< a pollable fd is armed
 inline constexpr std::uint32_t watch_triggers = 1u << 25;           ///< triggers are armed
 inline constexpr std::uint32_t watch_pollers = 1u << 26;            ///< poll_any sleepers in ext
+// 1u << 27: watch_shared (compcntr:shared), permanent on a shared counter's slot.
 
 /// Extension block for rarely used per-counter features, allocated on demand (first pollable_fd
 /// or first poll_any that sleeps on the counter) and freed when the counter is destroyed: the

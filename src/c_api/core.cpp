@@ -92,17 +92,11 @@ const char* compcntr_version(void) { return compcntr::version().data(); }
 
 const char* compcntr_last_error_message(void) { return compcntr::last_error_message().data(); }
 
-struct compcntr_device* compcntr_open_device(const char* name) {
-  // compcntr.h: NULL or "auto", "soft", else a verbs device name. No device is named "" (the
-  // C++ device::open reads an empty name as "auto"; the C API keeps to its header).
-  if (name && *name == '\0')
-    return fail_null<compcntr_device>(compcntr::detail::fail(
-        ENODEV, "open_device: the device name is empty, and no device has that name (NULL or "
-                "\"auto\": a native device if one works, else the software device; \"soft\": the "
-                "software device)"));
-  std::error_code ec;
-  compcntr::device dev = compcntr::device::open(name ? name : "auto", ec);
-  if (ec) return fail_null<compcntr_device>(ec);
+}  // extern "C"
+
+namespace {
+// The device object around an opened compcntr::device (open_device, open_shared_device).
+compcntr_device* wrap_device(compcntr::device&& dev) noexcept {
   compcntr_device* d = nullptr;
   try {
     d = new compcntr_device{std::move(dev), {}};
@@ -116,6 +110,100 @@ struct compcntr_device* compcntr_open_device(const char* name) {
     return fail_null<compcntr_device>(compcntr::detail::fail(ENOMEM, "open_device: out of memory"));
   }
   return d;
+}
+
+// The owner name of the C objects compcntr_comp_cntr_resolve makes (destroy: EBUSY naming it).
+constexpr const char* resolved_ref_owner =
+    "a reference from compcntr_comp_cntr_resolve (drop it with compcntr_comp_cntr_release)";
+}  // namespace
+
+extern "C" {
+
+struct compcntr_device* compcntr_open_device(const char* name) {
+  // compcntr.h: NULL or "auto", "soft", else a verbs device name. No device is named "" (the
+  // C++ device::open reads an empty name as "auto"; the C API keeps to its header).
+  if (name && *name == '\0')
+    return fail_null<compcntr_device>(compcntr::detail::fail(
+        ENODEV, "open_device: the device name is empty, and no device has that name (NULL or "
+                "\"auto\": a native device if one works, else the software device; \"soft\": the "
+                "software device)"));
+  std::error_code ec;
+  compcntr::device dev = compcntr::device::open(name ? name : "auto", ec);
+  if (ec) return fail_null<compcntr_device>(ec);
+  return wrap_device(std::move(dev));
+}
+
+struct compcntr_device* compcntr_open_shared_device(const char* name, uint32_t flags, mode_t mode) {
+  if (!name)
+    return fail_null<compcntr_device>(
+        compcntr::detail::fail(EINVAL, "open_shared_device: name is NULL"));
+  std::error_code ec;
+  compcntr::device dev =
+      compcntr::device::open_shared(name, flags, static_cast<std::uint32_t>(mode), ec);
+  if (ec) return fail_null<compcntr_device>(ec);
+  return wrap_device(std::move(dev));
+}
+
+int compcntr_sweep_shared_device(struct compcntr_device* dev, uint32_t* reclaimed) {
+  if (!dev) return null_arg("sweep_shared_device", "dev");
+  std::error_code ec;
+  const std::uint32_t n = dev->dev.sweep(ec);
+  if (ec) return ec.value();
+  if (reclaimed) *reclaimed = n;
+  return 0;
+}
+
+int compcntr_comp_cntr_id(struct compcntr_comp_cntr* cc, struct compcntr_counter_id* id) {
+  if (!cc) return null_arg("comp_cntr_id", "cc");
+  if (!id) return null_arg("comp_cntr_id", "id");
+  const compcntr::counter_id i = impl(cc)->cxx.id();
+  id->generation = i.generation;
+  id->index = i.index;
+  return 0;
+}
+
+struct compcntr_comp_cntr* compcntr_comp_cntr_resolve(struct compcntr_device* dev,
+                                                      const struct compcntr_counter_id* id) {
+  using compcntr::detail::fail;
+  if (!dev) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "comp_cntr_resolve: dev is NULL"));
+  if (!id) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "comp_cntr_resolve: id is NULL"));
+  std::error_code ec;
+  compcntr::counter_ref r = dev->dev.resolve(compcntr::counter_id{id->generation, id->index}, ec);
+  if (ec) {
+    // A private device's "no such slot" (EINVAL in C++) is "never created" here (shared.h).
+    if (ec.value() == EINVAL)
+      ec = fail(ENOENT,
+                "comp_cntr_resolve: counter id {index %u, generation %llu} names no "
+                "counter of device '%s' (never created)",
+                id->index, static_cast<unsigned long long>(id->generation), dev->name.c_str());
+    return fail_null<compcntr_comp_cntr>(ec);
+  }
+  const std::uint32_t code = owner_code(resolved_ref_owner);
+  void* where = ::operator new(sizeof(c_counter), std::nothrow);
+  if (!where || code == 0) {
+    ::operator delete(where);
+    return fail_null<compcntr_comp_cntr>(fail(ENOMEM, "comp_cntr_resolve: out of memory"));
+  }
+  compcntr::detail::slot* s = r.release();
+  // On the heap (the slot's own C object, if any, is its owner's): the reference is the
+  // object's, dropped by compcntr_comp_cntr_release.
+  return pub(new (where)
+                 c_counter{dev, s->index, code, compcntr::detail::counter_access::adopt(s)});
+}
+
+int compcntr_comp_cntr_release(struct compcntr_comp_cntr* ref) {
+  if (!ref) return null_arg("comp_cntr_release", "ref");
+  c_counter* c = impl(ref);
+  if (c->owner.load(std::memory_order_acquire) != owner_code(resolved_ref_owner))
+    return compcntr::detail::fail(EINVAL,
+                                  "comp_cntr_release: counter %u is not a reference from "
+                                  "compcntr_comp_cntr_resolve (destroy it with "
+                                  "compcntr_destroy_comp_cntr)",
+                                  ref->handle)
+        .value();
+  compcntr::detail::unref_counter_slot(*c->cxx.native_slot());
+  ::operator delete(c);  // ~c_counter must not run: its reference is dropped above
+  return 0;
 }
 
 int compcntr_close_device(struct compcntr_device* dev) {
@@ -199,6 +287,12 @@ void compcntr_priv_notify_slow(struct compcntr_comp_cntr* cc) {
 int compcntr_comp_cntr_set_owner(struct compcntr_comp_cntr* cc, const char* owner) {
   if (!cc) return null_arg("comp_cntr_set_owner", "cc");
   if (owner == nullptr) {
+    if (impl(cc)->owner.load(std::memory_order_acquire) == owner_code(resolved_ref_owner))
+      return compcntr::detail::fail(EINVAL,
+                                    "comp_cntr_set_owner: counter %u is a reference from "
+                                    "compcntr_comp_cntr_resolve; release it instead",
+                                    cc->handle)
+          .value();
     impl(cc)->owner.store(0, std::memory_order_release);
     return 0;
   }

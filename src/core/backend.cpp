@@ -34,6 +34,8 @@ void backend::query_values(std::span<slot* const> slots, counter_values* out) no
 
 std::unique_ptr<backend> open_backend(std::string_view name, std::error_code& ec) noexcept {
   if (name == "soft") return make_soft_backend();
+  // "shm:NAME": the shared device NAME, created if absent, owner-only (docs/shared.md).
+  if (name.starts_with("shm:")) return open_shared_backend(name.substr(4), shared_create, 0600, ec);
   if (name.empty() || name == "auto") {
     // A native device if one opens; otherwise the software device, which always works.
     std::error_code native_ec;

@@ -54,6 +54,17 @@ device device::open(std::string_view name, std::error_code& ec) noexcept {
   return from_backend(std::move(be), ec);
 }
 
+device device::open_shared(std::string_view name, std::uint32_t flags, std::uint32_t mode,
+                           std::error_code& ec) noexcept {
+  ec.clear();
+  std::unique_ptr<detail::backend> be = detail::open_shared_backend(name, flags, mode, ec);
+  if (!be) {
+    if (!ec) detail::fail_into(ec, ENOMEM, "open_shared_device: out of memory");
+    return {};
+  }
+  return from_backend(std::move(be), ec);
+}
+
 device device::from_backend(std::unique_ptr<detail::backend> be, std::error_code& ec) noexcept {
   if (!be) {
     detail::fail_into(ec, EINVAL, "open_device: backend is NULL");

@@ -9,6 +9,7 @@ namespace compcntr::detail {
 
 void slot::notify_slow() noexcept {
   const std::uint32_t w = watch.load(std::memory_order_seq_cst);
+  if ((w & watch_shared) != 0) notify_shared(*this); // waiters of every process (compcntr:shared)
   if ((w & watch_sleepers_mask) != 0) {
     // Bump the futex word first, so a waiter that has read the old sequence but not yet
     // entered the kernel finds it changed and returns at once (FUTEX_WAIT's value check).
@@ -30,4 +31,4 @@ void slot::kick() noexcept {
   if ((w & watch_pollers) != 0) notify_ext(*this, watch_pollers);
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -87,7 +87,8 @@ std::error_code make_striped(slot& s, std::uint32_t n) noexcept {
 }
 
 void free_stripes(slot& s) noexcept {
-  if (!s.striped()) return;
+  // A shared counter's "stripes" are its cell in the segment: its backend unbinds them.
+  if (!s.striped() || s.hw != &striped_counter_ops) return;
   delete[] s.stripe_array();
   s.stripes = 0;
   s.stripe_mask_ = 0;

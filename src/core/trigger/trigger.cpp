@@ -131,9 +131,12 @@ void unlink_armed(trigger_list& l, trigger_node& n) noexcept {
 }
 void publish_next(trigger_list& l) noexcept {
   if (l.head == nullptr) {
+    if (l.next.load(std::memory_order_relaxed) == none_armed) return;
     l.next.store(none_armed, std::memory_order_seq_cst);
     if (!l.dead) l.s->watch.fetch_and(~watch_triggers, std::memory_order_seq_cst);
-  } else {
+  } else if (l.next.load(std::memory_order_relaxed) != l.head->threshold) {
+    // Unchanged (a firing that found nothing more due): no store (a seq_cst store is a locked
+    // xchg on x86-64). Only the lock holder writes `next`, so the relaxed load is exact.
     l.next.store(l.head->threshold, std::memory_order_seq_cst);
   }
 }
@@ -423,6 +426,11 @@ trigger_node* arm_trigger(slot& s, std::uint64_t threshold, trigger_action fn, v
     return nullptr;
   };
   if (fn == nullptr) return refuse(EINVAL, "the action is NULL");
+  // A trigger list hears this process's updates only: refused on a shared counter, whose
+  // updates come from other processes too (docs/shared.md, "Not yet").
+  if (is_shared(s))
+    return refuse(ENOTSUP, "the counter is a shared counter; triggers on shared counters are not "
+                           "supported yet (wait on it, or arm on a private counter)");
   if (mode != trigger_inline && mode != trigger_deferred)
     return refuse(EINVAL, "flags must be exactly one of COMPCNTR_TRIGGER_INLINE and "
                           "COMPCNTR_TRIGGER_DEFERRED (trigger_mode::immediate / deferred)");

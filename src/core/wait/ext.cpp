@@ -165,6 +165,15 @@ std::atomic<trigger_list*>* slot_trigger_cell(slot& s, bool create) noexcept {
 }
 
 int slot_fd(slot& s, std::error_code& ec) noexcept {
+  // An eventfd is signalled by this process's updates only: refused for a shared counter,
+  // whose updates come from other processes too (docs/shared.md, "Not yet").
+  if (is_shared(s)) {
+    fail_into(ec, ENOTSUP,
+              "get_fd: counter %u is a shared counter; pollable fds of shared counters are not "
+              "supported yet (wait or poll on it instead: they sleep across processes)",
+              s.index);
+    return -1;
+  }
   slot_ext* e = ensure_ext(s);
   if (e == nullptr) {
     fail_into(ec, ENOMEM, "get_fd: out of memory for counter %u's extension block", s.index);

@@ -42,6 +42,25 @@ inline void wake(std::atomic<std::uint32_t>& word, int n = INT_MAX) noexcept {
   ::syscall(SYS_futex, addr(word), FUTEX_WAKE_PRIVATE, n, nullptr, nullptr, 0);
 }
 
+/// wait() on a word in memory shared between processes (a non-private futex: the kernel keys
+/// it by the physical page, so a waker in another process that maps the page finds it).
+inline void wait_shared(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                        std::chrono::nanoseconds rel) noexcept {
+  timespec ts{};
+  timespec* tsp = nullptr;
+  if (rel.count() >= 0) {
+    ts.tv_sec = static_cast<time_t>(rel.count() / 1'000'000'000);
+    ts.tv_nsec = static_cast<long>(rel.count() % 1'000'000'000);
+    tsp = &ts;
+  }
+  ::syscall(SYS_futex, addr(word), FUTEX_WAIT, expected, tsp, nullptr, 0);
+}
+
+/// wake() of waiters of every process sleeping in wait_shared() on `word`.
+inline void wake_shared(std::atomic<std::uint32_t>& word, int n = INT_MAX) noexcept {
+  ::syscall(SYS_futex, addr(word), FUTEX_WAKE, n, nullptr, nullptr, 0);
+}
+
 }  // namespace compcntr::futex
 
 #endif

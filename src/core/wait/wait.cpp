@@ -171,6 +171,33 @@ bool slot_needs_progress(const slot& s) noexcept {
   return hardware_backed(s) || !s.owner->progress_sources().empty();
 }
 
+// A waiter on a shared counter (compcntr:shared): test(), and EIO once the counter's creator
+// died while this process held it (nobody is left to count into it as its owner).
+template <class Test>
+outcome shared_check(const slot& s, Test& test) noexcept {
+  const outcome r = test();
+  if (!r.done && shared_creator_died(s)) return {true, std::errc::io_error, 0};
+  return r;
+}
+
+// The sleep of a waiter on a shared counter: the Dekker pairing of compcntr:slot on the
+// segment's words (compcntr:shared, file comment): read the futex word (acquire), register in
+// the segment's sleeper count (seq_cst RMW), re-test (seq_cst loads of the cell), sleep on the
+// word with a non-private futex, at most shared_sleep_slice; then sweep dead peers if due, so a
+// forever-wait on a counter whose creator died ends (shared_check: EIO).
+template <class Test>
+outcome shared_sleep(const slot& s, Test& test, nanoseconds rel) noexcept {
+  const shared_wait_words w = shared_words(s);
+  const std::uint32_t seq = w.word->load(std::memory_order_acquire);
+  w.sleepers->fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const outcome r = shared_check(s, test);
+  if (!r.done) futex::wait_shared(*w.word, seq, capped(rel, nanoseconds(shared_sleep_slice), true));
+  w.sleepers->fetch_sub(1, std::memory_order_seq_cst);
+  if (!r.done) shared_sweep_if_due(s);
+  return r;
+}
+
 // Where each thread's next poll_any scan starts: just after the index it last returned.
 thread_local std::size_t poll_cursor = 0;
 
@@ -230,10 +257,13 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   // The device's own progress sources (emulated verbs CQs) are driven like a hook: a waiter on
   // a counter fed by a wrapped ibv_qp needs no hook of its own. One relaxed load when none.
   device_core& dev = *s.owner;
+  const bool shared = is_shared(s);
   auto check = [&]() noexcept -> outcome {
     if (o.hook) o.hook(o.hook_ctx);
     dev.progress();
     if (refresh) refresh(s);
+    if (shared) [[unlikely]]
+      return shared_check(s, test);
     return test();
   };
   // The hot poll. With nothing to drive (no hook, no refresh, no progress source: the software
@@ -271,6 +301,8 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
     return pending;
   };
   auto sleep = [&](nanoseconds rel, nanoseconds slice) noexcept -> outcome {
+    if (shared) [[unlikely]]
+      return shared_sleep(s, test, sleep_cap(rel, slice, o.hook != nullptr, false));
     // Sequence first (acquire), then register (seq_cst RMW), then re-test (seq_cst loads): an
     // update the re-test misses sees the registration and bumps wake_seq after this read, so
     // FUTEX_WAIT either finds the word changed or is woken (compcntr:slot, compcntr:wait).
@@ -298,7 +330,9 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
     const slot* s = list.at(list.base, i);
     if (s == nullptr)
       return {std::errc(fail(EINVAL, "poll: counter %zu is NULL or empty", i).value()), 0};
-    any_hw |= hardware_backed(*s) || !s->owner->progress_sources().empty();
+    // A shared counter's updates in other processes do not reach this process's poll
+    // registrations: sleep in slices (1 ms), as for a hardware-backed counter.
+    any_hw |= hardware_backed(*s) || !s->owner->progress_sources().empty() || is_shared(*s);
   }
   const std::size_t start = poll_cursor % n;
 

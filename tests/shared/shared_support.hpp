@@ -1,0 +1,148 @@
+// Helpers of the shared-device suites (tests/shared/): unique segment names removed on every
+// exit path, forked children with exact exit codes, pipes to sequence processes, and a view of
+// a segment's bytes (src/core/shared/layout.hpp) to watch and scribble over it.
+#ifndef COMPCNTR_TESTS_SHARED_SUPPORT_HPP
+#define COMPCNTR_TESTS_SHARED_SUPPORT_HPP
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "core/shared/layout.hpp"
+
+namespace shared_test {
+
+namespace shm = compcntr::shm;
+
+/// A segment name unique to this process and call; the segment is unlinked when it goes.
+struct seg_name {
+  std::string name;  ///< NAME ("shm:" + name opens it)
+  std::string path;  ///< shm_open path
+  explicit seg_name(const char* what) {
+    static int n = 0;
+    name = std::string("t") + std::to_string(::getpid()) + "-" + what + "-" + std::to_string(++n);
+    path = "/compcntr." + name;
+    ::shm_unlink(path.c_str());
+  }
+  ~seg_name() { ::shm_unlink(path.c_str()); }
+  std::string dev() const { return "shm:" + name; }
+};
+
+/// A child's check: exits with the line number (mod 200, + 20) on failure, so the parent's
+/// assertion names the failing line.
+#define CHILD_CHECK(cond)                                                                          \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      std::fprintf(stderr, "child %d: %s:%d: %s failed\n", static_cast<int>(::getpid()), __FILE__, \
+                   __LINE__, #cond);                                                               \
+      ::_exit(20 + __LINE__ % 200);                                                                \
+    }                                                                                              \
+  } while (0)
+
+/// Runs fn() in a child process, which exits 0 when fn returns.
+template <class Fn>
+pid_t spawn(Fn&& fn) {
+  std::fflush(nullptr);  // the child must not flush the parent's buffered output again
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    fn();
+    ::_exit(0);
+  }
+  return pid;
+}
+
+/// The child's exit status: its exit code, or 1000 + signal number if a signal ended it.
+inline int reap(pid_t pid) {
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0) {
+  }
+  if (WIFEXITED(st)) return WEXITSTATUS(st);
+  return 1000 + WTERMSIG(st);
+}
+
+/// A pipe carrying fixed-size messages between a parent and its children.
+struct channel {
+  int fd[2] = {-1, -1};
+  channel() {
+    if (::pipe(fd) != 0) std::abort();
+  }
+  ~channel() {
+    ::close(fd[0]);
+    ::close(fd[1]);
+  }
+  template <class T>
+  void send(const T& v) const {
+    if (::write(fd[1], &v, sizeof v) != static_cast<ssize_t>(sizeof v)) std::abort();
+  }
+  template <class T>
+  bool recv(T& v) const {
+    char* p = reinterpret_cast<char*>(&v);
+    std::size_t got = 0;
+    while (got < sizeof v) {
+      const ssize_t n = ::read(fd[0], p + got, sizeof v - got);
+      if (n <= 0) return false;
+      got += static_cast<std::size_t>(n);
+    }
+    return true;
+  }
+};
+
+/// The segment's bytes, mapped separately (as a scribbling peer would).
+struct seg_view {
+  int fd = -1;
+  void* base = nullptr;
+  std::size_t size = 0;
+  explicit seg_view(const seg_name& n) {
+    fd = ::shm_open(n.path.c_str(), O_RDWR, 0);
+    struct stat st{};
+    if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size == 0) return;
+    size = static_cast<std::size_t>(st.st_size);
+    base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) base = nullptr;
+  }
+  ~seg_view() {
+    if (base) ::munmap(base, size);
+    if (fd >= 0) ::close(fd);
+  }
+  explicit operator bool() const { return base != nullptr; }
+  shm::header& hdr() const { return *static_cast<shm::header*>(base); }
+  shm::record& rec(std::uint32_t i) const {
+    return reinterpret_cast<shm::record*>(static_cast<char*>(base) +
+                                          shm::records_offset(hdr().cell_count))[i];
+  }
+  /// Cells whose record is not free (held by some process).
+  std::uint32_t cells_in_use() const {
+    std::uint32_t n = 0;
+    for (std::uint32_t i = 0; i < hdr().cell_count; ++i)
+      n += rec(i).ctl.load(std::memory_order_acquire) != 0;
+    return n;
+  }
+  std::uint32_t procs_in_use() const {
+    std::uint32_t n = 0;
+    for (auto& p : hdr().procs) n += p.load(std::memory_order_acquire) != 0;
+    return n;
+  }
+};
+
+/// Waits (yielding, bounded by `max_spins` yields) until pred() holds; false on give-up.
+template <class Pred>
+bool eventually(Pred&& pred, long max_spins = 20'000'000) {
+  for (long k = 0; k < max_spins; ++k) {
+    if (pred()) return true;
+    ::sched_yield();
+  }
+  return false;
+}
+
+}  // namespace shared_test
+
+#endif
