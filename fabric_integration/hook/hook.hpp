@@ -32,6 +32,9 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
 #include <rdma/providers/fi_prov.h>
 
 #include <atomic>
@@ -43,8 +46,71 @@
 
 namespace compcntr_hook {
 
-/// This provider (for fi_log and fi_param).
+/// This provider (for fi_log and fi_param): the hook's (main.cpp) or ofi_compcntr's (../ofi/).
 fi_provider& self() noexcept;
+
+/// What differs between the two modules built on this machinery: the environment variable
+/// naming the stats file and the first word of the stats line.
+struct module_names {
+  const char* stats_env;
+  const char* stats_prefix;
+};
+const module_names& module() noexcept;
+/// Reads the settings (cfg()) from the environment; the module's fi_prov_ini calls it.
+void read_config() noexcept;
+
+/// The layered provider ofi_compcntr (../ofi/ofi.hpp) builds on this machinery and adds its own
+/// behaviour at these points; the hook's layer() is nullptr and nothing below is called.
+struct layer_ops {
+  /// The fi_info to hand the provider below for an fi_info the application got from the layer
+  /// (fi_dupinfo'd; nullptr: pass `info` as it is). Freed with fi_freeinfo.
+  fi_info* (*lower_info)(const fi_info* info);
+  /// After a domain was opened and installed on (`info`: the application's).
+  void (*domain_opened)(fid_domain* d, const fi_info* info);
+  /// fi_close of a domain, before the provider's close; and the domain's fi_control.
+  void (*domain_closing)(fid_domain* d);
+  int (*domain_control)(fid* f, int command, void* arg, const fi_ops* orig);
+  /// fi_cq_open of the domain (the layer installs its reads on the CQ).
+  int (*cq_open)(fid_domain* d, fi_cq_attr* attr, fid_cq** cq, void* context,
+                 const fi_ops_domain* orig);
+  /// After an endpoint was opened and installed on; a successful bind; before its close.
+  void (*ep_opened)(fid_ep* ep, fid_domain* d, const fi_info* info);
+  void (*ep_bound)(fid_ep* ep, fid* bfid, std::uint64_t flags);
+  void (*ep_closing)(fid_ep* ep);
+  /// fi_control(ep, command) the provider refused (FI_ALIAS where the provider has no aliases):
+  /// the layer's answer, or `r` unchanged.
+  int (*ep_control_refused)(fid* f, int command, void* arg, int r);
+  /// The *msg data calls with FI_TRIGGER (or, for writes, every one on an endpoint where the
+  /// layer emulates FI_RMA_EVENT): the layer's answer. `orig`: the provider's table.
+  ssize_t (*sendmsg)(fid_ep* ep, const fi_msg* msg, std::uint64_t flags, bool tagged,
+                     const fi_msg_tagged* tmsg);
+  ssize_t (*recvmsg)(fid_ep* ep, const fi_msg* msg, std::uint64_t flags, bool tagged,
+                     const fi_msg_tagged* tmsg);
+  ssize_t (*rmamsg)(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags, bool write);
+  ssize_t (*atomicmsg)(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* comparev,
+                       void** compare_desc, size_t compare_count, fi_ioc* resultv,
+                       void** result_desc, size_t result_count, std::uint64_t flags, int kind);
+  /// Whether writes on `ep` must go through rmamsg (the layer emulates FI_RMA_EVENT there).
+  bool (*emulates_rma_event)(fid_ep* ep);
+  /// After every counter read, wait round, add and set: the layer's deferred work runs here.
+  void (*progress)();
+  /// Whether the layer has work the next progress call should retry at once (a wait that would
+  /// sleep on the provider's fds goes round again instead).
+  bool (*busy)();
+};
+const layer_ops* layer() noexcept;
+
+/// A copy of a provider's ops table with some entries replaced. `ops` is the first member: the
+/// object's table pointer points at it, and a wrapper gets back to `orig` from that pointer.
+template <class Ops>
+struct patched {
+  Ops ops;
+  const Ops* orig;
+};
+template <class Ops>
+inline const Ops* orig_of(const Ops* p) noexcept {
+  return reinterpret_cast<const patched<Ops>*>(p)->orig;
+}
 
 /// Settings read from the environment once, when libfabric loads the hook.
 struct config {
@@ -124,6 +190,11 @@ void pull_polled() noexcept;
 /// How many pulls application threads made on progress-thread counters (the thread backs off
 /// while it grows).
 std::uint64_t caller_pulls() noexcept;
+/// Pulls the provider's counter into the compcntr counter now (caller progress), as
+/// fi_cntr_read does, without counting a read.
+void pull(hook_cntr* c) noexcept;
+/// The compcntr counter behind a hook counter.
+compcntr_comp_cntr* comp_of(hook_cntr* c) noexcept;
 /// domain ops cntr_open.
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept;
 /// compcntr_fi_trywait-style arming for hook counters inside the fabric's fi_trywait: collects
@@ -140,6 +211,8 @@ bool sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_
 
 /// The provider's fabric() entry: installs on the fabric libfabric hands the hook.
 int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context);
+/// Installs on fabric `f` of provider `prov_name` (install_fabric and ofi_compcntr's fabric()).
+int install_fabric_on(fid_fabric* f, const char* prov_name) noexcept;
 
 void install_domain(fid_domain* d, fabric_state* fs) noexcept;
 /// Installs on an endpoint (any fid_ep class); trigger_*: FI_TRIGGER among its default flags.

@@ -150,6 +150,11 @@ std::uint64_t errors_of(hook_cntr* h) noexcept {
   return v;
 }
 
+// ofi_compcntr's deferred work (layer_ops::progress) after the counter calls; the hook has none.
+inline void layer_progress() noexcept {
+  if (const layer_ops* l = layer()) l->progress();
+}
+
 // Caller progress: pull from the provider (which runs its progress, as fi_cntr_read of the
 // provider's own counter does). Progress thread: the thread pulls; a read is a load, and every
 // k_reader_pull_every-th read of the counter pulls too (a spinning reader drives progress).
@@ -160,6 +165,7 @@ uint64_t cntr_read(fid_cntr* c) {
     h->m.pull_comp();
     note_caller_pull(h);
   }
+  layer_progress();
   return value_of(h);
 }
 
@@ -170,6 +176,7 @@ uint64_t cntr_readerr(fid_cntr* c) {
     h->m.pull_err();
     note_caller_pull(h);
   }
+  layer_progress();
   const std::uint64_t e = errors_of(h);
   if (h->sockets) h->err_at_readerr.store(e, std::memory_order_relaxed);
   return e;
@@ -178,7 +185,7 @@ uint64_t cntr_readerr(fid_cntr* c) {
 // add/set: the provider's counter first (its answer is the application's answer; a refusal
 // changes nothing), then cc and the mirror's baseline, all inside one resync so no pull mixes a
 // value from before with one from after.
-int cntr_add(fid_cntr* c, uint64_t value) {
+int cntr_add_(fid_cntr* c, uint64_t value) {
   hook_cntr* h = of(c);
   if (!h->hidden) return -compcntr_inc_comp_cntr(h->cc, value);
   return h->m.resync([&](std::uint64_t& last, std::uint64_t&) {
@@ -189,7 +196,12 @@ int cntr_add(fid_cntr* c, uint64_t value) {
     return 0;
   });
 }
-int cntr_adderr(fid_cntr* c, uint64_t value) {
+int cntr_add(fid_cntr* c, uint64_t value) {
+  const int r = cntr_add_(c, value);
+  layer_progress();
+  return r;
+}
+int cntr_adderr_(fid_cntr* c, uint64_t value) {
   hook_cntr* h = of(c);
   if (!h->hidden) return -compcntr_inc_err_comp_cntr(h->cc, value);
   return h->m.resync([&](std::uint64_t&, std::uint64_t& last_err) {
@@ -216,7 +228,12 @@ void settle(hook_cntr* h, bool err, std::uint64_t value) noexcept {
     if (((err ? fi_cntr_readerr(h->hidden) : fi_cntr_read(h->hidden)) & mask) == want) return;
 }
 
-int cntr_set(fid_cntr* c, uint64_t value) {
+int cntr_adderr(fid_cntr* c, uint64_t value) {
+  const int r = cntr_adderr_(c, value);
+  layer_progress();
+  return r;
+}
+int cntr_set_(fid_cntr* c, uint64_t value) {
   hook_cntr* h = of(c);
   if (!h->hidden) return -compcntr_set_comp_cntr(h->cc, value);
   return h->m.resync([&](std::uint64_t& last, std::uint64_t&) {
@@ -228,7 +245,12 @@ int cntr_set(fid_cntr* c, uint64_t value) {
     return 0;
   });
 }
-int cntr_seterr(fid_cntr* c, uint64_t value) {
+int cntr_set(fid_cntr* c, uint64_t value) {
+  const int r = cntr_set_(c, value);
+  layer_progress();
+  return r;
+}
+int cntr_seterr_(fid_cntr* c, uint64_t value) {
   hook_cntr* h = of(c);
   if (!h->hidden) return -compcntr_set_err_comp_cntr(h->cc, value);
   return h->m.resync([&](std::uint64_t&, std::uint64_t& last_err) {
@@ -240,6 +262,11 @@ int cntr_seterr(fid_cntr* c, uint64_t value) {
     return 0;
   });
 }
+int cntr_seterr(fid_cntr* c, uint64_t value) {
+  const int r = cntr_seterr_(c, value);
+  layer_progress();
+  return r;
+}
 
 // A waiter drives progress itself, with or without the progress thread: it has nothing else to
 // do, and waking it through the thread costs a scheduling round (see k_reader_pull_every).
@@ -248,6 +275,7 @@ void progress_both(void* ctx) noexcept {
   h->m.pull_comp();
   h->m.pull_err();
   note_caller_pull(h);
+  layer_progress();
 }
 void progress_yield(void* ctx) noexcept {
   progress_both(ctx);
@@ -327,6 +355,7 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
   auto check = [&]() noexcept -> int {
     h->m.pull_comp();
     note_caller_pull(h);
+    layer_progress();
     if (value_of(h) >= threshold) return 0;
     h->m.pull_err();
     if (errors_of(h) != err0) return -FI_EAVAIL;
@@ -357,6 +386,7 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
     if (const int r = check(); r <= 0) return r;
     if (timeout >= 0 && now >= deadline) return -FI_ETIMEDOUT;
     if (armed == -FI_EAGAIN) continue; // work pending: progress again, no sleep
+    if (const layer_ops* l = layer(); l && l->busy()) continue; // the layer's posts to retry
     if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
     if (value_of(h) >= threshold) return 0;
     if (errors_of(h) != err0) return -FI_EAVAIL;
@@ -545,6 +575,10 @@ hook_cntr* as_hook_cntr(const fid* f) noexcept {
 }
 
 fid_cntr* hidden_of(hook_cntr* c) noexcept { return c->hidden; }
+compcntr_comp_cntr* comp_of(hook_cntr* c) noexcept { return c->cc; }
+void pull(hook_cntr* c) noexcept {
+  if (c->hidden) c->m.pull_comp();
+}
 
 void note_bound(hook_cntr*) noexcept { stats().cntr_bound.fetch_add(1, std::memory_order_relaxed); }
 
@@ -687,6 +721,10 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   h->wait_rc = (w == -FI_ENOSYS || w == -FI_EOPNOTSUPP || w == -FI_EINVAL) ? w : 0;
   // sockets signalled the probe's sets on the wait set: not news for the first fi_trywait.
   drain_sockets_waitset(h);
+  // ofi_compcntr is a provider of its own: its counters serve fi_cntr_wait whatever the wait
+  // object (compcntr's wait, driving the provider below), as sockets' do and fi_trigger
+  // programs expect (fabtests wait on FI_WAIT_NONE counters); the hook answers as the provider.
+  if (layer() != nullptr) h->wait_rc = 0;
   h->cntr.fid.fclass = FI_CLASS_CNTR;
   h->cntr.fid.context = context;
   h->cntr.fid.ops = &cntr_fid_ops;

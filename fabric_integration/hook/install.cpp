@@ -25,18 +25,6 @@ namespace compcntr_hook {
 namespace {
 // ---- patched ops tables ----------------------------------------------------------------------
 
-// A copy of a provider's ops table with some entries replaced. `ops` is the first member: the
-// object's table pointer points at it, and a wrapper gets back to `orig` from that pointer.
-template <class Ops>
-struct patched {
-  Ops ops;
-  const Ops* orig;
-};
-template <class Ops>
-inline const Ops* orig_of(const Ops* p) noexcept {
-  return reinterpret_cast<const patched<Ops>*>(p)->orig;
-}
-
 // Whether `field` lies inside a table of `size` bytes (older providers have shorter tables).
 #define HOOK_HAS(T, field, size) \
   (offsetof(T, field) + sizeof(static_cast<T*>(nullptr)->field) <= (size))
@@ -265,6 +253,7 @@ int ep_bind(fid* f, fid* bfid, std::uint64_t flags) {
       pending_add(h, 1);
     } else {
       note_bound(h);
+      if (const layer_ops* l = layer()) l->ep_bound(ep_of(f), bfid, flags);
       std::lock_guard lk(g_ep_mu);
       try {
         ep_has_cntr()[f] = true;
@@ -280,12 +269,16 @@ int ep_bind(fid* f, fid* bfid, std::uint64_t flags) {
     }
     return r;
   }
-  return orig->bind(f, bfid, flags);
+  const int r = orig->bind(f, bfid, flags);
+  if (r == 0)
+    if (const layer_ops* l = layer()) l->ep_bound(ep_of(f), bfid, flags);
+  return r;
 }
 
 void fill_ep_data(fid_ep* ep) noexcept;
 
 int ep_close(fid* f) {
+  if (const layer_ops* l = layer()) l->ep_closing(ep_of(f));
   ep_guard g(has_hook_cntr(f));
   const int r = orig_of(f->ops)->close(f);
   if (r == 0) {
@@ -301,7 +294,9 @@ int ep_close(fid* f) {
 int ep_control(fid* f, int command, void* arg) {
   const fi_ops* orig = orig_of(f->ops);
   ep_guard g(has_hook_cntr(f));
-  const int r = orig->control(f, command, arg);
+  int r = orig->control(f, command, arg);
+  if (r != 0)
+    if (const layer_ops* l = layer()) return l->ep_control_refused(f, command, arg, r);
   if (r == 0 &&
       (f->fclass == FI_CLASS_EP || f->fclass == FI_CLASS_SEP || f->fclass == FI_CLASS_TX_CTX ||
        f->fclass == FI_CLASS_RX_CTX || f->fclass == FI_CLASS_SRX_CTX)) {
@@ -360,10 +355,14 @@ void fill_ep_ops(fi_ops_ep& t, std::size_t size) {
 }
 
 ssize_t msg_sendmsg(fid_ep* ep, const fi_msg* msg, std::uint64_t flags) {
+  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
+    return l->sendmsg(ep, msg, flags, false, nullptr);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->msg)->sendmsg(ep, msg, flags);
 }
 ssize_t msg_recvmsg(fid_ep* ep, const fi_msg* msg, std::uint64_t flags) {
+  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
+    return l->recvmsg(ep, msg, flags, false, nullptr);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->msg)->recvmsg(ep, msg, flags);
 }
@@ -373,23 +372,69 @@ void fill_msg(fi_ops_msg& t, std::size_t size) {
 }
 
 ssize_t rma_readmsg(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) {
+  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
+    return l->rmamsg(ep, msg, flags, false);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->rma)->readmsg(ep, msg, flags);
 }
 ssize_t rma_writemsg(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) {
+  if (const layer_ops* l = layer(); l && ((flags & FI_TRIGGER) || l->emulates_rma_event(ep)))
+    return l->rmamsg(ep, msg, flags, true);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->rma)->writemsg(ep, msg, flags);
 }
+// ofi_compcntr's FI_RMA_EVENT emulation (../ofi/ep.cpp): the plain writes of an endpoint
+// where it emulates the events carry remote CQ data that the target counts.
+ssize_t rma_write(fid_ep* ep, const void* buf, size_t len, void* desc, fi_addr_t dest,
+                  std::uint64_t addr, std::uint64_t key, void* context) {
+  if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep)) {
+    iovec iov{const_cast<void*>(buf), len};
+    fi_rma_iov riov{addr, len, key};
+    fi_msg_rma m{&iov, &desc, 1, dest, &riov, 1, context, 0};
+    return l->rmamsg(ep, &m, ~std::uint64_t{0}, true); // ~0: the endpoint's default flags
+  }
+  return orig_of(ep->rma)->write(ep, buf, len, desc, dest, addr, key, context);
+}
+ssize_t rma_writev(fid_ep* ep, const iovec* iov, void** desc, size_t count, fi_addr_t dest,
+                   std::uint64_t addr, std::uint64_t key, void* context) {
+  if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep)) {
+    std::uint64_t len = 0;
+    for (size_t i = 0; i < count; ++i) len += iov[i].iov_len;
+    fi_rma_iov riov{addr, len, key};
+    fi_msg_rma m{iov, desc, count, dest, &riov, 1, context, 0};
+    return l->rmamsg(ep, &m, ~std::uint64_t{0}, true);
+  }
+  return orig_of(ep->rma)->writev(ep, iov, desc, count, dest, addr, key, context);
+}
+ssize_t rma_inject_write(fid_ep* ep, const void* buf, size_t len, fi_addr_t dest,
+                         std::uint64_t addr, std::uint64_t key) {
+  if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep)) {
+    iovec iov{const_cast<void*>(buf), len};
+    fi_rma_iov riov{addr, len, key};
+    fi_msg_rma m{&iov, nullptr, 1, dest, &riov, 1, nullptr, 0};
+    return l->rmamsg(ep, &m, FI_INJECT, true);
+  }
+  return orig_of(ep->rma)->inject(ep, buf, len, dest, addr, key);
+}
 void fill_rma(fi_ops_rma& t, std::size_t size) {
+  if (layer()) {
+    if (HOOK_HAS(fi_ops_rma, write, size) && t.write) t.write = rma_write;
+    if (HOOK_HAS(fi_ops_rma, writev, size) && t.writev) t.writev = rma_writev;
+    if (HOOK_HAS(fi_ops_rma, inject, size) && t.inject) t.inject = rma_inject_write;
+  }
   if (HOOK_HAS(fi_ops_rma, readmsg, size) && t.readmsg) t.readmsg = rma_readmsg;
   if (HOOK_HAS(fi_ops_rma, writemsg, size) && t.writemsg) t.writemsg = rma_writemsg;
 }
 
 ssize_t tagged_sendmsg(fid_ep* ep, const fi_msg_tagged* msg, std::uint64_t flags) {
+  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
+    return l->sendmsg(ep, nullptr, flags, true, msg);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->tagged)->sendmsg(ep, msg, flags);
 }
 ssize_t tagged_recvmsg(fid_ep* ep, const fi_msg_tagged* msg, std::uint64_t flags) {
+  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
+    return l->recvmsg(ep, nullptr, flags, true, msg);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->tagged)->recvmsg(ep, msg, flags);
 }
@@ -399,17 +444,24 @@ void fill_tagged(fi_ops_tagged& t, std::size_t size) {
 }
 
 ssize_t atomic_writemsg(fid_ep* ep, const fi_msg_atomic* msg, std::uint64_t flags) {
+  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
+    return l->atomicmsg(ep, msg, nullptr, nullptr, 0, nullptr, nullptr, 0, flags, 0);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->atomic)->writemsg(ep, msg, flags);
 }
 ssize_t atomic_readwritemsg(fid_ep* ep, const fi_msg_atomic* msg, fi_ioc* resultv,
                             void** result_desc, size_t result_count, std::uint64_t flags) {
+  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
+    return l->atomicmsg(ep, msg, nullptr, nullptr, 0, resultv, result_desc, result_count, flags, 1);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->atomic)->readwritemsg(ep, msg, resultv, result_desc, result_count, flags);
 }
 ssize_t atomic_compwritemsg(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* comparev,
                             void** compare_desc, size_t compare_count, fi_ioc* resultv,
                             void** result_desc, size_t result_count, std::uint64_t flags) {
+  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
+    return l->atomicmsg(ep, msg, comparev, compare_desc, compare_count, resultv, result_desc,
+                        result_count, flags, 2);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->atomic)
       ->compwritemsg(ep, msg, comparev, compare_desc, compare_count, resultv, result_desc,
@@ -581,12 +633,14 @@ void fill_poll(fi_ops_poll& t, std::size_t size) {
 fid_domain* dom_of(fid* f) noexcept { return reinterpret_cast<fid_domain*>(f); }
 
 int dom_close(fid* f) {
+  if (const layer_ops* l = layer()) l->domain_closing(dom_of(f));
   const int r = orig_of(f->ops)->close(f);
   if (r == 0) forget_domain(dom_of(f));
   return r;
 }
 int dom_control(fid* f, int command, void* arg) {
   const fi_ops* orig = orig_of(f->ops);
+  if (const layer_ops* l = layer()) return l->domain_control(f, command, arg, orig);
   if (command == FI_QUEUE_WORK && arg != nullptr) {
     work_swap s(static_cast<fi_deferred_work*>(arg));
     return orig->control(f, command, arg);
@@ -616,23 +670,45 @@ bool trig_rx(const fi_info* info) noexcept {
   return info && info->rx_attr && (info->rx_attr->op_flags & FI_TRIGGER);
 }
 
-int dom_endpoint(fid_domain* d, fi_info* info, fid_ep** ep, void* context) {
+// ofi_compcntr: the provider below gets its own fi_info (layer_ops::lower_info).
+struct lower_info_t {
+  fi_info* dup = nullptr;
+  fi_info* get(fi_info* info) noexcept {
+    if (const layer_ops* l = layer()) dup = l->lower_info(info);
+    return dup ? dup : info;
+  }
+  ~lower_info_t() { fi_freeinfo(dup); }
+};
+void ep_opened(fid_ep* ep, fid_domain* d, const fi_info* info) noexcept {
+  if (const layer_ops* l = layer()) l->ep_opened(ep, d, info);
+}
+
+int dom_endpoint(fid_domain* d, fi_info* app_info, fid_ep** ep, void* context) {
+  lower_info_t low;
+  fi_info* info = low.get(app_info);
   fi_info* safe = thread_safe_info(info);
   int r = orig_of(d->ops)->endpoint(d, safe ? safe : info, ep, context);
   if (r != 0 && safe != nullptr) r = orig_of(d->ops)->endpoint(d, info, ep, context);
   fi_freeinfo(safe);
-  if (r == 0 && ep && *ep) install_ep(*ep, trig_tx(info), trig_rx(info));
+  if (r == 0 && ep && *ep)
+    install_ep(*ep, trig_tx(info), trig_rx(info)), ep_opened(*ep, d, app_info);
   return r;
 }
-int dom_endpoint2(fid_domain* d, fi_info* info, fid_ep** ep, std::uint64_t flags, void* context) {
+int dom_endpoint2(fid_domain* d, fi_info* app_info, fid_ep** ep, std::uint64_t flags,
+                  void* context) {
+  lower_info_t low;
+  fi_info* info = low.get(app_info);
   fi_info* safe = thread_safe_info(info);
   int r = orig_of(d->ops)->endpoint2(d, safe ? safe : info, ep, flags, context);
   if (r != 0 && safe != nullptr) r = orig_of(d->ops)->endpoint2(d, info, ep, flags, context);
   fi_freeinfo(safe);
-  if (r == 0 && ep && *ep) install_ep(*ep, trig_tx(info), trig_rx(info));
+  if (r == 0 && ep && *ep)
+    install_ep(*ep, trig_tx(info), trig_rx(info)), ep_opened(*ep, d, app_info);
   return r;
 }
-int dom_scalable_ep(fid_domain* d, fi_info* info, fid_ep** sep, void* context) {
+int dom_scalable_ep(fid_domain* d, fi_info* app_info, fid_ep** sep, void* context) {
+  lower_info_t low;
+  fi_info* info = low.get(app_info);
   const int r = orig_of(d->ops)->scalable_ep(d, info, sep, context);
   if (r == 0 && sep && *sep) install_ep(*sep, trig_tx(info), trig_rx(info));
   return r;
@@ -650,6 +726,9 @@ int dom_poll_open(fid_domain* d, fi_poll_attr* attr, fid_poll** p) {
 int dom_cntr_open(fid_domain* d, fi_cntr_attr* attr, fid_cntr** cntr, void* context) {
   return cntr_open(d, attr, cntr, context);
 }
+int dom_cq_open(fid_domain* d, fi_cq_attr* attr, fid_cq** cq, void* context) {
+  return layer()->cq_open(d, attr, cq, context, orig_of(d->ops));
+}
 void fill_domain(fi_ops_domain& t, std::size_t size) {
   if (HOOK_HAS(fi_ops_domain, endpoint, size) && t.endpoint) t.endpoint = dom_endpoint;
   if (HOOK_HAS(fi_ops_domain, scalable_ep, size) && t.scalable_ep) t.scalable_ep = dom_scalable_ep;
@@ -657,6 +736,7 @@ void fill_domain(fi_ops_domain& t, std::size_t size) {
   if (HOOK_HAS(fi_ops_domain, poll_open, size) && t.poll_open) t.poll_open = dom_poll_open;
   if (HOOK_HAS(fi_ops_domain, srx_ctx, size) && t.srx_ctx) t.srx_ctx = dom_srx_ctx;
   if (HOOK_HAS(fi_ops_domain, endpoint2, size) && t.endpoint2) t.endpoint2 = dom_endpoint2;
+  if (layer() && HOOK_HAS(fi_ops_domain, cq_open, size) && t.cq_open) t.cq_open = dom_cq_open;
 }
 
 // ---- fabrics ---------------------------------------------------------------------------------
@@ -670,9 +750,11 @@ void fill_fabric_fid(fi_ops& t, std::size_t size) {
   if (HOOK_HAS(fi_ops, close, size) && t.close) t.close = fab_close;
 }
 
-int open_domain(fid_fabric* f, fi_info* info, fid_domain** d, bool has_flags, std::uint64_t flags,
-                void* context) {
+int open_domain(fid_fabric* f, fi_info* app_info, fid_domain** d, bool has_flags,
+                std::uint64_t flags, void* context) {
   const fi_ops_fabric* orig = orig_of(f->ops);
+  lower_info_t low;
+  fi_info* info = low.get(app_info);
   auto call = [&](fi_info* i) {
     return has_flags ? orig->domain2(f, i, d, flags, context) : orig->domain(f, i, d, context);
   };
@@ -696,6 +778,7 @@ int open_domain(fid_fabric* f, fi_info* info, fid_domain** d, bool has_flags, st
       ds->auto_progress =
           info && info->domain_attr && info->domain_attr->data_progress == FI_PROGRESS_AUTO;
     }
+    if (const layer_ops* l = layer()) l->domain_opened(*d, app_info);
   }
   return r;
 }
@@ -752,16 +835,21 @@ void fill_fabric(fi_ops_fabric& t, std::size_t size) {
 
 int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context) {
   if (attr == nullptr || attr->fabric == nullptr || fabric == nullptr) return -FI_EINVAL;
-  fid_fabric* f = attr->fabric;
   const auto* hprov = static_cast<const fi_provider*>(context);
+  // The hooked provider's name (e.g. "ofi_rxm"); the fabric's own prov_name is not in the
+  // fid. The core provider under a utility one is not visible here.
+  const int r = install_fabric_on(attr->fabric, hprov && hprov->name ? hprov->name : "?");
+  if (r == 0) *fabric = attr->fabric;
+  return r;
+}
+
+int install_fabric_on(fid_fabric* f, const char* prov_name) noexcept {
   auto fs = std::unique_ptr<fabric_state>(new (std::nothrow) fabric_state);
   if (!fs) return -FI_ENOMEM;
   fs->fabric = f;
-  fs->prov = hprov;
+  fs->prov = nullptr;
   try {
-    // The hooked provider's name (e.g. "ofi_rxm"); the fabric's own prov_name is not in the
-    // fid. The core provider under a utility one is not visible here.
-    fs->prov_name = hprov && hprov->name ? hprov->name : "?";
+    fs->prov_name = prov_name;
   } catch (...) {
     return -FI_ENOMEM;
   }
@@ -772,7 +860,6 @@ int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context) {
   if (!add_fabric(std::move(fs))) return -FI_ENOMEM;
   f->ops = ops;
   f->fid.ops = fid_ops;
-  *fabric = f;
   stats().fabrics.fetch_add(1, std::memory_order_relaxed);
   if (cfg().progress_thread) progress_thread_start();
   return 0;

@@ -1,6 +1,6 @@
-// The compcntr hook provider: what libfabric loads (fi_prov_ini, the fi_provider), the
-// settings read from the environment, the statistics line, and the records of the fabrics and
-// domains the hook was installed on. The installation itself is install.cpp, counters are
+// The compcntr hook machinery shared by the hook provider (main.cpp) and the layered provider
+// ofi_compcntr (../ofi/): the settings read from the environment, the statistics line, and the
+// records of the fabrics and domains it was installed on. The installation itself is install.cpp, counters are
 // hook_cntr.cpp, the optional progress thread progress.cpp (hook.hpp: the design).
 #include "hook.hpp"
 
@@ -50,19 +50,23 @@ std::int64_t env_int(const char* name, std::int64_t dflt, std::int64_t lo,
   return x;
 }
 
+} // namespace
+
 void read_config() noexcept {
   g_cfg.progress_thread = env_true("COMPCNTR_FI_PROGRESS_THREAD");
   g_cfg.wait_spin_ns = env_int("COMPCNTR_FI_WAIT_SPIN_US", 100, 0, 10'000'000) * 1000;
   g_cfg.fd_wait_spin_ns = std::getenv("COMPCNTR_FI_WAIT_SPIN_US") ? g_cfg.wait_spin_ns : 0;
   g_cfg.progress_idle_us =
       static_cast<std::uint32_t>(env_int("COMPCNTR_FI_PROGRESS_IDLE_US", 1000, 1, 1'000'000));
-  if (const char* p = std::getenv("COMPCNTR_FI_HOOK_STATS")) {
+  if (const char* p = std::getenv(module().stats_env)) {
     try {
       g_cfg.stats_path = p;
     } catch (...) {
     }
   }
 }
+
+namespace {
 
 // ---- statistics ------------------------------------------------------------------------------
 
@@ -73,29 +77,14 @@ std::atomic<bool> g_stats_written{false};
 
 std::mutex g_objects_mu;
 std::unordered_map<fid_fabric*, std::unique_ptr<fabric_state>>& fabrics() noexcept {
-  static auto* m = new std::unordered_map<fid_fabric*, std::unique_ptr<fabric_state>>;  // never
-  return *m;  // destroyed: libfabric's destructor may close objects after ours ran
+  static auto* m = new std::unordered_map<fid_fabric*, std::unique_ptr<fabric_state>>; // never
+  return *m; // destroyed: libfabric's destructor may close objects after ours ran
 }
 std::unordered_map<fid_domain*, std::unique_ptr<domain_state>>& domains() noexcept {
   static auto* m = new std::unordered_map<fid_domain*, std::unique_ptr<domain_state>>;
   return *m;
 }
-std::string g_providers;  // "tcp;ofi_rxm,shm": every provider hooked (under g_objects_mu)
-
-void hook_cleanup() {
-  progress_thread_stop();
-  write_stats();
-}
-
-fi_provider g_prov = {
-    .version = FI_VERSION(0, 1),
-    .fi_version = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION),
-    .context = {},
-    .name = "ofi_hook_compcntr",
-    .getinfo = nullptr,  // NULL getinfo: libfabric treats the provider as a hook
-    .fabric = install_fabric,
-    .cleanup = hook_cleanup,
-};
+std::string g_providers; // "tcp;ofi_rxm,shm": every provider hooked (under g_objects_mu)
 
 // libfabric may never call cleanup (a process that never initialised it, an exit path that
 // skips destructors of libfabric first): the stats line is then written here.
@@ -106,9 +95,8 @@ struct at_unload {
   }
 } g_at_unload;
 
-}  // namespace
+} // namespace
 
-fi_provider& self() noexcept { return g_prov; }
 const config& cfg() noexcept { return g_cfg; }
 statistics& stats() noexcept { return g_stats; }
 
@@ -128,29 +116,30 @@ void write_stats() noexcept {
   char line[1024];
   const int n = std::snprintf(
       line, sizeof line,
-      "compcntr-hook pid=%d fabrics=%" PRIu64 " domains=%" PRIu64 " cntr_open=%" PRIu64
-      " cntr_served=%" PRIu64 " cntr_bound=%" PRIu64 " cntr_reads=%" PRIu64
-      " cntr_readerrs=%" PRIu64 " cntr_waits=%" PRIu64 " cntr_closed=%" PRIu64
-      " cntr_open_refused=%" PRIu64 " trywaits=%" PRIu64 " triggers_translated=%" PRIu64
-      " work_translated=%" PRIu64 " progress_thread=%d providers=%s%s\n",
-      static_cast<int>(getpid()), g_stats.fabrics.load(), g_stats.domains.load(),
-      g_stats.cntr_open.load(), g_stats.cntr_served.load(), g_stats.cntr_bound.load(), reads,
-      readerrs, waits, g_stats.cntr_closed.load(), g_stats.cntr_open_refused.load(),
-      g_stats.trywaits.load(), g_stats.triggers_translated.load(), g_stats.work_translated.load(),
-      g_cfg.progress_thread ? 1 : 0, provs.c_str(), live_counted ? "" : " live_counts=skipped");
+      "%s pid=%d fabrics=%" PRIu64 " domains=%" PRIu64 " cntr_open=%" PRIu64 " cntr_served=%" PRIu64
+      " cntr_bound=%" PRIu64 " cntr_reads=%" PRIu64 " cntr_readerrs=%" PRIu64 " cntr_waits=%" PRIu64
+      " cntr_closed=%" PRIu64 " cntr_open_refused=%" PRIu64 " trywaits=%" PRIu64
+      " triggers_translated=%" PRIu64 " work_translated=%" PRIu64
+      " progress_thread=%d providers=%s%s\n",
+      module().stats_prefix, static_cast<int>(getpid()), g_stats.fabrics.load(),
+      g_stats.domains.load(), g_stats.cntr_open.load(), g_stats.cntr_served.load(),
+      g_stats.cntr_bound.load(), reads, readerrs, waits, g_stats.cntr_closed.load(),
+      g_stats.cntr_open_refused.load(), g_stats.trywaits.load(), g_stats.triggers_translated.load(),
+      g_stats.work_translated.load(), g_cfg.progress_thread ? 1 : 0, provs.c_str(),
+      live_counted ? "" : " live_counts=skipped");
   if (n <= 0) return;
   // One write(2) of the whole line with O_APPEND: lines of concurrent processes never interleave.
   const int fd = ::open(g_cfg.stats_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
-    std::fprintf(stderr, "compcntr-hook: cannot open COMPCNTR_FI_HOOK_STATS=%s: %s\n",
+    std::fprintf(stderr, "%s: cannot open %s=%s: %s\n", module().stats_prefix, module().stats_env,
                  g_cfg.stats_path.c_str(), std::strerror(errno));
     return;
   }
   const std::size_t len =
       static_cast<std::size_t>(n) < sizeof line ? static_cast<std::size_t>(n) : sizeof line - 1;
   if (::write(fd, line, len) < 0)
-    std::fprintf(stderr, "compcntr-hook: cannot write %s: %s\n", g_cfg.stats_path.c_str(),
-                 std::strerror(errno));
+    std::fprintf(stderr, "%s: cannot write %s: %s\n", module().stats_prefix,
+                 g_cfg.stats_path.c_str(), std::strerror(errno));
   ::close(fd);
 }
 
@@ -211,8 +200,3 @@ void forget_domain(fid_domain* d) noexcept {
 }
 
 } // namespace compcntr_hook
-
-extern "C" __attribute__((visibility("default"))) struct fi_provider* fi_prov_ini(void) {
-  compcntr_hook::read_config();
-  return &compcntr_hook::self();
-}

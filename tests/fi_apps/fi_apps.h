@@ -523,9 +523,10 @@ static inline struct fi_info *app_hints(struct app *a, uint64_t caps)
 	return a->hints;
 }
 
+/* shm, and shm under a layered provider ("shm;ofi_compcntr"): no IP address */
 static inline int app_is_ip(const struct app *a)
 {
-	return strcmp(a->prov, "shm") != 0;
+	return strncmp(a->prov, "shm", 3) != 0 || (a->prov[3] != '\0' && a->prov[3] != ';');
 }
 
 /* fi_getinfo with the current hints; returns its result (0 or -FI_E*) so a program can report

@@ -17,6 +17,15 @@ Usage:
   run.py [--hook-dir DIR] [--timeout S] [--hook-env NAME=VALUE] [--expect-stat KEY=VALUE]
          PROGRAM... -p PROVIDER [-p PROVIDER...]
   run.py --matrix [--hook-dir DIR] PROGRAM...        every program on the four providers, a table
+  run.py --layer-dir DIR --expect FILE PROGRAM -p PROVIDER
+         the layered provider ofi_compcntr (docs/ofi_compcntr.md): PROGRAM runs once with
+         -p "PROVIDER;ofi_compcntr", FI_PROVIDER_PATH=DIR (the hook is not there) and
+         COMPCNTR_OFI_STATS=<fresh file>; it must exit 0 and print exactly FILE (the expected
+         result, with @PROV@ standing for PROVIDER), and the stats lines must prove every
+         counter it opened is a compcntr counter (as for the hook, prefix "ofi_compcntr")
+  run.py --same-getinfo --layer-dir DIR PROGRAM
+         PROGRAM (getinfo_list) without and with DIR on FI_PROVIDER_PATH: identical output;
+         then PROGRAM --trigger with it: ofi_compcntr entries must be listed
 
 The hook dir comes from --hook-dir, else the environment variable FI_APPS_HOOK_DIR. Without
 one (or when the directory holds no libcompcntr-fi.so) only step 1 runs and the exit status is
@@ -71,7 +80,10 @@ KNOWN_DIFFERENCES = [
 
 STATS_RE = re.compile(r"^compcntr-hook pid=(\d+) .*\bcntr_open=(\d+)\b")
 OPENS_RE = re.compile(r"^(\w+): fi_cntr_open calls: (\d+)$", re.M)
-CLEAN = ("FI_HOOK", "FI_PROVIDER_PATH", "COMPCNTR_FI_HOOK_STATS", "COMPCNTR_FI_PROGRESS_THREAD")
+CLEAN = ("FI_HOOK", "FI_PROVIDER_PATH", "COMPCNTR_FI_HOOK_STATS", "COMPCNTR_FI_PROGRESS_THREAD",
+         "COMPCNTR_OFI_STATS")
+LAYER_FILE = "libofi_compcntr-fi.so"
+LAYER_STATS_RE = re.compile(r"^ofi_compcntr pid=(\d+) .*\bcntr_open=(\d+)\b")
 
 
 def run(cmd, env, timeout):
@@ -194,6 +206,88 @@ def check(program_path, provider, hook_dir, timeout, verbose=True, hook_env=(), 
     return ("pass" if ok else "fail"), "\n".join(report)
 
 
+def check_layer(program_path, provider, layer_dir, expect_file, timeout):
+    """One program through ofi_compcntr over `provider`; ("pass"|"fail"|"skip", report)."""
+    if not layer_dir or not os.path.exists(os.path.join(layer_dir, LAYER_FILE)):
+        return "skip", f"no {LAYER_FILE} in {layer_dir or '(no layer dir given)'}"
+    prov = provider + ";ofi_compcntr"
+    with open(expect_file) as f:
+        want = f.read().replace("@PROV@", provider)
+    fd, stats = tempfile.mkstemp(prefix="fi_apps_ofi_stats_")
+    os.close(fd)
+    base = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    try:
+        env = dict(base, FI_PROVIDER_PATH=layer_dir, COMPCNTR_OFI_STATS=stats)
+        st, out, err, t = run([program_path, "-p", prov], env, timeout)
+        with open(stats) as f:
+            stat_lines = [l.rstrip("\n") for l in f if l.strip()]
+    finally:
+        os.unlink(stats)
+    report = [f"-p {prov}: exit {st}, {t:.2f} s"]
+    ok = st == 0
+    if not ok:
+        report.append("run failed:\n" + out + err)
+    if out != want:
+        ok = False
+        diff = difflib.unified_diff(want.splitlines(), out.splitlines(), expect_file,
+                                    "through ofi_compcntr", lineterm="")
+        report.append("output differs from the expected result:\n" + "\n".join(diff))
+        if err.strip():
+            report.append("stderr:\n" + err)
+    opens = sorted(int(n) for _, n in OPENS_RE.findall(out))
+    served = []
+    for l in stat_lines:
+        m = LAYER_STATS_RE.match(l)
+        if not m:
+            ok = False
+            report.append(f"stats file: unexpected line {l!r}")
+            continue
+        served.append(int(m.group(2)))
+        kv = dict(f.split("=", 1) for f in l.split()[1:] if "=" in f)
+        if int(kv.get("cntr_served", -1)) + int(kv.get("cntr_open_refused", -1)) != int(kv["cntr_open"]):
+            ok = False
+            report.append(f"stats line: cntr_served + cntr_open_refused != cntr_open: {l!r}")
+    if sorted(served) != opens:
+        ok = False
+        report.append(f"ofi_compcntr stats: cntr_open {sorted(served)}, the program counted {opens}"
+                      + (" (no line: libfabric did not load ofi_compcntr)" if not served else ""))
+    report.append("stats lines:\n  " + "\n  ".join(stat_lines) if stat_lines else "stats lines: none")
+    return ("pass" if ok else "fail"), "\n".join(report)
+
+
+def check_same_getinfo(program_path, layer_dir, timeout):
+    """getinfo_list without and with ofi_compcntr on the path: identical; --trigger lists it."""
+    if not layer_dir or not os.path.exists(os.path.join(layer_dir, LAYER_FILE)):
+        return "skip", f"no {LAYER_FILE} in {layer_dir or '(no layer dir given)'}"
+    base = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    # FI_PROVIDER_PATH replaces libfabric's own DL directory: the run without the layer gets an
+    # empty directory of its own, so both runs see the same built-in providers.
+    empty = tempfile.mkdtemp(prefix="fi_apps_noprov_")
+    try:
+        st0, out0, err0, _ = run([program_path], dict(base, FI_PROVIDER_PATH=empty), timeout)
+        st1, out1, err1, _ = run([program_path], dict(base, FI_PROVIDER_PATH=layer_dir), timeout)
+        st2, out2, err2, _ = run([program_path, "--trigger"], dict(base, FI_PROVIDER_PATH=layer_dir),
+                                 timeout)
+    finally:
+        os.rmdir(empty)
+    ok = st0 == 0 and st1 == 0 and st2 == 0
+    report = [f"exit without {st0}, with {st1}, --trigger with {st2}"]
+    if out0 != out1:
+        ok = False
+        report.append("fi_getinfo lists differ:\n" + "\n".join(difflib.unified_diff(
+            out0.splitlines(), out1.splitlines(), "without ofi_compcntr", "with ofi_compcntr",
+            lineterm="")))
+    else:
+        report.append(f"identical fi_getinfo output ({len(out0.splitlines())} lines)")
+    n = sum(1 for l in out2.splitlines() if l.strip().split(" | ")[0].endswith(";ofi_compcntr"))
+    if n == 0:
+        ok = False
+        report.append("--trigger: no ofi_compcntr entry listed (was the layer loaded?):\n" + out2 + err2)
+    else:
+        report.append(f"--trigger: {n} ofi_compcntr entries")
+    return ("pass" if ok else "fail"), "\n".join(report)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("programs", nargs="+")
@@ -205,7 +299,18 @@ def main():
                     help="extra environment of the with-hook run (e.g. COMPCNTR_FI_PROGRESS_THREAD=1)")
     ap.add_argument("--expect-stat", action="append", default=[], metavar="KEY=VALUE",
                     help="every stats line must contain KEY=VALUE (e.g. progress_thread=1)")
+    ap.add_argument("--layer-dir", default="", help="the ofi_compcntr build directory")
+    ap.add_argument("--expect", default="", help="expected output through ofi_compcntr")
+    ap.add_argument("--same-getinfo", action="store_true")
     a = ap.parse_args()
+    if a.same_getinfo or a.expect:
+        if a.same_getinfo:
+            res, text = check_same_getinfo(a.programs[0], a.layer_dir, a.timeout)
+        else:
+            res, text = check_layer(a.programs[0], a.provider[0], a.layer_dir, a.expect, a.timeout)
+        print(f"=== {os.path.basename(a.programs[0])}: {res.upper()}")
+        print(text)
+        return {"pass": 0, "skip": 77}.get(res, 1)
     hook_dir = a.hook_dir or os.environ.get("FI_APPS_HOOK_DIR", "")
     providers = a.provider or (PROVIDERS if a.matrix else None)
     if not providers:

@@ -94,7 +94,7 @@ for n in json.load(sys.stdin).get("inner", []):
   docs libcompcntr-dev
 } | sort -u | expect libcompcntr-dev
 if [ "$have_hook" = yes ]; then
-  { printf '%s\n' "$lib/libfabric/libcompcntr-fi.so" usr/bin/compcntr-fi-run
+  { printf '%s\n' "$lib/libfabric/libcompcntr-fi.so" "$lib/libfabric/libofi_compcntr-fi.so" usr/bin/compcntr-fi-run
     ls "$root"/usr/share/man/man7/compcntr_fi_hook.7.gz "$root"/usr/share/man/man1/compcntr-fi-run.1.gz 2>/dev/null |
       sed "s|^$root/||"
     docs compcntr-fi-hook; } | expect compcntr-fi-hook

@@ -1,0 +1,360 @@
+// ofi_compcntr's CQs. The provider's CQ is opened with FI_CQ_FORMAT_TAGGED (every field) and
+// the application's reads are served from it in the application's format (each format is a
+// prefix of the tagged entry), with the layer's own entries taken out:
+//   * at a target where the layer emulates FI_RMA_EVENT, the remote-CQ-data entries of the
+//     writes it sent with k_rma_event_data (ep.cpp);
+//   * the completions of deferred work posted with a completion counter (trigger.cpp): the
+//     item is their context; the counter is counted and the entry goes on with the
+//     application's context if the application would have had one.
+// Error entries of operations the provider refused when a trigger posted them are the layer's
+// own (cq_push_error). Entries read by progress (cq_drain) wait in the CQ's queue for the
+// application's next read.
+#include "ofi.hpp"
+
+#include <rdma/fi_errno.h>
+#include <rdma/providers/fi_log.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <unordered_set>
+
+namespace compcntr_ofi {
+
+struct cq_st {
+  fid_cq* cq = nullptr;
+  std::size_t app_size = sizeof(fi_cq_entry); // the application's entry size
+  domain_st* dom = nullptr;
+  struct entry {
+    fi_cq_tagged_entry e;
+    fi_addr_t src;
+  };
+  struct error {
+    fi_cq_err_entry e;
+    std::vector<std::uint8_t> data;
+  };
+  std::deque<entry> q;
+  std::deque<error> errs;
+  std::vector<std::uint8_t> err_data; // what the last fi_cq_readerr handed out
+};
+
+namespace {
+
+struct cq_tables { // same prefix as compcntr_hook::patched<fi_ops_cq>
+  fi_ops_cq ops;
+  const fi_ops_cq* orig;
+  cq_st* st;
+};
+struct cq_fid_tables {
+  fi_ops ops;
+  const fi_ops* orig;
+  cq_st* st;
+};
+
+std::unordered_set<void*>& inflight() noexcept {
+  static auto* s = new std::unordered_set<void*>;
+  return *s;
+}
+std::unordered_set<cq_st*>& cqs() noexcept {
+  static auto* s = new std::unordered_set<cq_st*>;
+  return *s;
+}
+
+cq_st* st_of(fid_cq* cq) noexcept { return reinterpret_cast<cq_tables*>(cq->ops)->st; }
+const fi_ops_cq* orig_cq(fid_cq* cq) noexcept {
+  return reinterpret_cast<cq_tables*>(cq->ops)->orig;
+}
+
+std::size_t entry_size(int format) noexcept {
+  switch (format) {
+    case FI_CQ_FORMAT_MSG: return sizeof(fi_cq_msg_entry);
+    case FI_CQ_FORMAT_DATA: return sizeof(fi_cq_data_entry);
+    case FI_CQ_FORMAT_TAGGED: return sizeof(fi_cq_tagged_entry);
+    default: // FI_CQ_FORMAT_CONTEXT, and FI_CQ_FORMAT_UNSPEC (util's choice)
+      return sizeof(fi_cq_entry);
+  }
+}
+
+// Whether an entry the provider reported goes on to the application (under mu()).
+bool keep(cq_st* s, fi_cq_tagged_entry& e, bool error) noexcept {
+  if (!error && s->dom && s->dom->emulate_rma_event && (e.flags & FI_REMOTE_CQ_DATA) &&
+      (e.flags & FI_REMOTE_WRITE) && e.data == k_rma_event_data && e.op_context == nullptr)
+    return false;
+  if (e.op_context != nullptr && inflight().erase(e.op_context)) {
+    bool wants = true;
+    e.op_context = item_completed(static_cast<item*>(e.op_context), error, &wants);
+    return wants;
+  }
+  return true;
+}
+
+// Reads one error entry from the provider into the CQ's error queue (under mu()).
+bool pull_error(cq_st* s) noexcept {
+  fi_cq_err_entry ee{};
+  const ssize_t r = orig_cq(s->cq)->readerr(s->cq, &ee, 0);
+  if (r <= 0) return false;
+  try {
+    cq_st::error er{ee, {}};
+    if (ee.err_data && ee.err_data_size)
+      er.data.assign(static_cast<std::uint8_t*>(ee.err_data),
+                     static_cast<std::uint8_t*>(ee.err_data) + ee.err_data_size);
+    fi_cq_tagged_entry t{ee.op_context, ee.flags, ee.len, ee.buf, ee.data, ee.tag};
+    keep(s, t, true);
+    er.e.op_context = t.op_context;
+    s->errs.push_back(std::move(er));
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
+// Up to `count` entries into buf (and src); the provider read while the CQ's queue runs dry.
+ssize_t take(cq_st* s, void* buf, std::size_t count, fi_addr_t* src) noexcept {
+  progress(); // the application's CQ read drives the layer's deferred work
+  in_layer g;
+  std::lock_guard lk(mu());
+  if (!s->errs.empty()) return -FI_EAVAIL;
+  auto* out = static_cast<std::uint8_t*>(buf);
+  std::size_t n = 0;
+  while (n < count && !s->q.empty()) {
+    std::memcpy(out + n * s->app_size, &s->q.front().e, s->app_size);
+    if (src) src[n] = s->q.front().src;
+    s->q.pop_front();
+    ++n;
+  }
+  const fi_ops_cq* o = orig_cq(s->cq);
+  while (n < count) {
+    fi_cq_tagged_entry tmp[16];
+    fi_addr_t srcs[16];
+    const std::size_t want = std::min<std::size_t>(16, count - n);
+    // readfrom always: util's read is a call of fi_cq_readfrom through the table (ours)
+    const ssize_t r = o->readfrom(s->cq, tmp, want, srcs);
+    if (r == -FI_EAVAIL && n == 0 && pull_error(s)) return -FI_EAVAIL;
+    if (r <= 0) {
+      if (n == 0) return r;
+      break;
+    }
+    for (ssize_t i = 0; i < r; ++i)
+      if (keep(s, tmp[i], false)) {
+        std::memcpy(out + n * s->app_size, &tmp[i], s->app_size);
+        if (src) src[n] = srcs[i];
+        ++n;
+      }
+    if (static_cast<std::size_t>(r) < want) break;
+  }
+  return n ? static_cast<ssize_t>(n) : -FI_EAGAIN;
+}
+
+ssize_t cq_read(fid_cq* cq, void* buf, size_t count) {
+  return take(st_of(cq), buf, count, nullptr);
+}
+ssize_t cq_readfrom(fid_cq* cq, void* buf, size_t count, fi_addr_t* src) {
+  return take(st_of(cq), buf, count, src);
+}
+
+ssize_t cq_readerr(fid_cq* cq, fi_cq_err_entry* buf, std::uint64_t) {
+  if (buf == nullptr) return -FI_EINVAL;
+  cq_st* s = st_of(cq);
+  progress();
+  in_layer g;
+  std::lock_guard lk(mu());
+  if (s->errs.empty() && !pull_error(s)) return -FI_EAGAIN;
+  cq_st::error& er = s->errs.front();
+  void* app_data = buf->err_data;
+  const std::size_t app_data_size = buf->err_data_size;
+  *buf = er.e;
+  if (app_data != nullptr && app_data_size > 0) { // the application's buffer (API >= 1.5)
+    const std::size_t n = std::min(app_data_size, er.data.size());
+    if (n) std::memcpy(app_data, er.data.data(), n);
+    buf->err_data = app_data;
+    buf->err_data_size = n;
+  } else {
+    s->err_data = std::move(er.data);
+    buf->err_data = s->err_data.empty() ? nullptr : s->err_data.data();
+    buf->err_data_size = s->err_data.size();
+  }
+  s->errs.pop_front();
+  return 1;
+}
+
+// Blocking reads: the provider's wait in slices, progress and the CQ's queue between them (a
+// due triggered operation is posted by the waiting thread, as a counter wait posts it).
+ssize_t sread_common(fid_cq* cq, void* buf, size_t count, fi_addr_t* src, const void* cond,
+                     int timeout) {
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::milliseconds(timeout < 0 ? 0 : timeout);
+  cq_st* s = st_of(cq);
+  for (;;) {
+    const ssize_t r = take(s, buf, count, src);
+    if (r != -FI_EAGAIN) return r;
+    int slice = 10;
+    if (timeout >= 0) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+      if (left <= 0) return -FI_ETIMEDOUT;
+      slice = static_cast<int>(std::min<long long>(left, 10));
+    }
+    // the provider's blocking read for one slice; what it returns is filtered into the queue
+    fi_cq_tagged_entry tmp[16];
+    fi_addr_t srcs[16];
+    const std::size_t want = std::min<std::size_t>(16, count);
+    const fi_ops_cq* o = orig_cq(cq);
+    // sreadfrom always: util's sread is a call of fi_cq_sreadfrom through the table (ours)
+    const ssize_t got = o->sreadfrom(cq, tmp, want, srcs, cond, slice);
+    if (got > 0) {
+      in_layer g;
+      std::lock_guard lk(mu());
+      for (ssize_t i = 0; i < got; ++i)
+        if (keep(s, tmp[i], false)) {
+          try {
+            s->q.push_back({tmp[i], srcs[i]});
+          } catch (...) {
+          }
+        }
+    } else if (got != -FI_EAGAIN && got != -FI_ETIMEDOUT && got != -FI_EAVAIL) {
+      return got; // a CQ without a wait object (-FI_ENOSYS), or another failure
+    }
+  }
+}
+ssize_t cq_sread(fid_cq* cq, void* buf, size_t count, const void* cond, int timeout) {
+  return sread_common(cq, buf, count, nullptr, cond, timeout);
+}
+ssize_t cq_sreadfrom(fid_cq* cq, void* buf, size_t count, fi_addr_t* src, const void* cond,
+                     int timeout) {
+  return sread_common(cq, buf, count, src, cond, timeout);
+}
+
+int cq_close(fid* f) {
+  auto* cq = reinterpret_cast<fid_cq*>(f);
+  auto* ft = reinterpret_cast<cq_fid_tables*>(f->ops);
+  auto* t = reinterpret_cast<cq_tables*>(cq->ops);
+  cq_st* s = ft->st;
+  const fi_ops* orig_fid = ft->orig;
+  // the provider's close sees its own tables (a refused close restores ours)
+  f->ops = const_cast<fi_ops*>(orig_fid);
+  cq->ops = const_cast<fi_ops_cq*>(t->orig);
+  const int r = orig_fid->close(f);
+  if (r != 0) {
+    f->ops = &ft->ops;
+    cq->ops = &t->ops;
+    return r;
+  }
+  std::lock_guard lk(mu());
+  cqs().erase(s);
+  delete s;
+  delete t;
+  delete ft;
+  return 0;
+}
+
+} // namespace
+
+int cq_open(fid_domain* d, fi_cq_attr* attr, fid_cq** cq, void* context,
+            const fi_ops_domain* orig) {
+  if (attr == nullptr || cq == nullptr) return orig->cq_open(d, attr, cq, context);
+  domain_st* ds = find_domain(d);
+  fi_cq_attr a = *attr;
+  a.format = FI_CQ_FORMAT_TAGGED;
+  auto* s = new (std::nothrow) cq_st;
+  auto* t = new (std::nothrow) cq_tables;
+  auto* ft = new (std::nothrow) cq_fid_tables;
+  if (ds == nullptr || s == nullptr || t == nullptr || ft == nullptr) {
+    delete s;
+    delete t;
+    delete ft;
+    return ds ? -FI_ENOMEM : orig->cq_open(d, attr, cq, context);
+  }
+  const int r = orig->cq_open(d, &a, cq, context);
+  if (r != 0) {
+    delete s;
+    delete t;
+    delete ft;
+    return r;
+  }
+  s->cq = *cq;
+  s->app_size = entry_size(attr->format);
+  s->dom = ds;
+  std::memset(&t->ops, 0, sizeof t->ops);
+  std::memcpy(&t->ops, (*cq)->ops, std::min(sizeof t->ops, (*cq)->ops->size));
+  t->orig = (*cq)->ops;
+  t->st = s;
+  t->ops.read = cq_read;
+  t->ops.readfrom = cq_readfrom;
+  t->ops.readerr = cq_readerr;
+  t->ops.sread = cq_sread;
+  t->ops.sreadfrom = cq_sreadfrom;
+  std::memset(&ft->ops, 0, sizeof ft->ops);
+  std::memcpy(&ft->ops, (*cq)->fid.ops, std::min(sizeof ft->ops, (*cq)->fid.ops->size));
+  ft->orig = (*cq)->fid.ops;
+  ft->st = s;
+  ft->ops.close = cq_close;
+  {
+    std::lock_guard lk(mu());
+    try {
+      cqs().insert(s);
+    } catch (...) {
+    }
+  }
+  (*cq)->ops = &t->ops;
+  (*cq)->fid.ops = &ft->ops;
+  return 0;
+}
+
+void cq_drain(fid_cq* cq) noexcept {
+  std::lock_guard lk(mu());
+  cq_st* s = nullptr;
+  for (cq_st* c : cqs())
+    if (c->cq == cq) s = c;
+  if (s == nullptr) return;
+  const fi_ops_cq* o = orig_cq(cq);
+  for (;;) {
+    fi_cq_tagged_entry tmp[16];
+    fi_addr_t srcs[16];
+    const ssize_t r = o->readfrom(cq, tmp, 16, srcs);
+    if (r == -FI_EAVAIL) {
+      pull_error(s);
+      return;
+    }
+    if (r <= 0) return;
+    for (ssize_t i = 0; i < r; ++i)
+      if (keep(s, tmp[i], false)) {
+        try {
+          s->q.push_back({tmp[i], srcs[i]});
+        } catch (...) {
+        }
+      }
+    if (r < 16) return;
+  }
+}
+
+void cq_push_error(fid_cq* cq, void* context, std::uint64_t flags, int err) noexcept {
+  std::lock_guard lk(mu());
+  for (cq_st* s : cqs())
+    if (s->cq == cq) {
+      cq_st::error er{};
+      er.e.op_context = context;
+      er.e.flags = flags;
+      er.e.err = err;
+      er.e.prov_errno = -err;
+      try {
+        s->errs.push_back(std::move(er));
+      } catch (...) {
+      }
+      return;
+    }
+}
+
+void inflight_add(item* it) noexcept {
+  std::lock_guard lk(mu());
+  try {
+    inflight().insert(it);
+  } catch (...) {
+  }
+}
+void inflight_remove(item* it) noexcept {
+  std::lock_guard lk(mu());
+  inflight().erase(it);
+}
+
+} // namespace compcntr_ofi

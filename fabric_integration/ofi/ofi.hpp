@@ -1,0 +1,174 @@
+// ofi_compcntr: a layered libfabric provider (DL provider libofi_compcntr-fi.so) that adds
+// FI_TRIGGER, deferred work (FI_QUEUE_WORK / FI_CANCEL_WORK / FI_FLUSH_WORK), FI_RMA_EVENT and
+// endpoint aliases where the provider below lacks them. Reference: docs/ofi_compcntr.md.
+//
+// How it sits in libfabric (1.17, src/fabric.c): a provider whose name has the "ofi_" prefix is a
+// utility provider. fi_getinfo asks it when the hints name no provider, name a core provider
+// alone ("tcp", "shm": rule 1c, any utility provider may layer over it) or end in
+// ";ofi_compcntr"; libfabric appends ";ofi_compcntr" to the prov_name of what it returns, and
+// fi_fabric on such an fi_info calls our fabric(). Our getinfo (provider.cpp) answers only hints
+// that ask for FI_TRIGGER or FI_RMA_EVENT and only with providers that lack them; everything
+// else is -FI_ENODATA, so a program asking for neither sees the list it sees without us.
+//
+// The objects are the provider's own, installed on in place by the hook machinery
+// (../hook/hook.hpp: compcntr counters with hidden provider counters mirrored into them); this
+// layer adds its behaviour at the machinery's layer_ops points:
+//   provider.cpp  fi_prov_ini, getinfo, the fi_info the provider below gets (lower_info)
+//   fabric.cpp    fabric(): opens the provider below's fabric and installs on it
+//   domain.cpp    domain records; fi_control FI_QUEUE_WORK / FI_CANCEL_WORK / FI_FLUSH_WORK
+//   ep.cpp        endpoint records (binds), FI_TRIGGER data calls, FI_RMA_EVENT emulation,
+//                 fi_ep_alias where the provider has none
+//   cq.cpp        the domain's CQs: entries of the layer's own (emulated RMA events, deferred
+//                 work's completions) taken out, the application's passed on
+//   cntr.cpp      progress: what the counter calls and CQ reads drive
+//   trigger.cpp   armed operations: copies, compcntr triggers, posting, cancel, flush
+#ifndef COMPCNTR_FABRIC_OFI_HPP
+#define COMPCNTR_FABRIC_OFI_HPP
+
+#include "hook.hpp"
+
+#include <compcntr/trigger.h>
+
+#include <rdma/fi_trigger.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace compcntr_ofi {
+
+using compcntr_hook::hook_cntr;
+
+/// Remote CQ data of the writes through which the layer emulates FI_RMA_EVENT (ep.cpp): the
+/// target's provider counts them on its FI_REMOTE_WRITE counters (rxm: every write carrying CQ
+/// data), and cq.cpp drops their CQ entries at the target. 32 bits (cq_data_size >= 4).
+constexpr std::uint64_t k_rma_event_data = 0xc0c7e17dULL;
+
+/// Caps the layer can add.
+constexpr std::uint64_t k_added_caps = FI_TRIGGER | FI_RMA_EVENT;
+
+struct domain_st;
+struct item;
+struct cq_st;
+
+/// What the layer records of an endpoint of its domains.
+struct ep_st {
+  fid_ep* ep = nullptr;
+  domain_st* dom = nullptr;
+  std::uint64_t tx_op_flags = 0, rx_op_flags = 0;
+  fid_cq* tx_cq = nullptr; ///< bound with FI_TRANSMIT
+  fid_cq* rx_cq = nullptr; ///< bound with FI_RECV
+  bool tx_selective = false, rx_selective = false; ///< FI_SELECTIVE_COMPLETION in those binds
+  fid_cntr* cntr_send = nullptr; ///< bound counters by event (errors of refused posts)
+  fid_cntr* cntr_recv = nullptr;
+  fid_cntr* cntr_write = nullptr;
+  fid_cntr* cntr_read = nullptr;
+  fid_cntr* cntr_rwrite = nullptr; ///< FI_REMOTE_WRITE
+  fid_cntr* cntr_rread = nullptr; ///< FI_REMOTE_READ
+};
+
+/// A domain of the layer.
+struct domain_st {
+  fid_domain* d = nullptr;
+  bool emulate_rma_event = false; ///< the application asked FI_RMA_EVENT; the provider lacks it
+  std::list<item*> items; ///< armed, due or in flight (under g_mu)
+  std::deque<item*> ready; ///< due, to be posted in this order (under g_mu)
+};
+
+/// Everything below is under g_mu (control path, and the progress round).
+std::recursive_mutex& mu() noexcept;
+
+/// Items armed, due or in flight in the process: progress() does nothing while 0.
+std::atomic<long>& active() noexcept;
+
+// domain.cpp
+domain_st* find_domain(fid_domain* d) noexcept;
+/// Every domain of the layer (progress).
+std::vector<domain_st*>& domains() noexcept;
+
+// ep.cpp
+ep_st* find_ep(fid_ep* ep) noexcept;
+/// The endpoints of `d` (under mu()).
+std::vector<ep_st*> eps_of(domain_st* d) noexcept;
+/// The endpoint an operation is posted on: an alias of ours stands for its endpoint.
+fid_ep* base_ep(fid_ep* ep) noexcept;
+/// The provider below's *msg calls (bypassing the layer and the machinery's wrappers).
+ssize_t post_sendmsg(fid_ep* ep, const fi_msg* msg, std::uint64_t flags) noexcept;
+ssize_t post_recvmsg(fid_ep* ep, const fi_msg* msg, std::uint64_t flags) noexcept;
+ssize_t post_tsendmsg(fid_ep* ep, const fi_msg_tagged* msg, std::uint64_t flags) noexcept;
+ssize_t post_trecvmsg(fid_ep* ep, const fi_msg_tagged* msg, std::uint64_t flags) noexcept;
+ssize_t post_writemsg(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) noexcept;
+ssize_t post_readmsg(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) noexcept;
+ssize_t post_atomicmsg(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* comparev,
+                       void** compare_desc, size_t compare_count, fi_ioc* resultv,
+                       void** result_desc, size_t result_count, std::uint64_t flags,
+                       int kind) noexcept;
+
+// cq.cpp
+int cq_open(fid_domain* d, fi_cq_attr* attr, fid_cq** cq, void* context, const fi_ops_domain* orig);
+/// Reads what the provider has on `cq` into the CQ's own queue (the layer's entries handled).
+void cq_drain(fid_cq* cq) noexcept;
+/// An error entry of the layer's own (a triggered operation the provider refused to post).
+void cq_push_error(fid_cq* cq, void* context, std::uint64_t flags, int err) noexcept;
+/// The layer's posted operations waiting for their completion entry (context -> item).
+void inflight_add(item* it) noexcept;
+void inflight_remove(item* it) noexcept;
+
+// cntr.cpp
+void progress() noexcept;
+bool busy() noexcept;
+/// Marks the calling thread as inside the layer (nested progress calls return at once).
+class in_layer {
+ public:
+  in_layer() noexcept;
+  ~in_layer();
+  bool nested() const noexcept { return nested_; }
+  in_layer(const in_layer&) = delete;
+  in_layer& operator=(const in_layer&) = delete;
+
+ private:
+  bool nested_;
+};
+
+// trigger.cpp
+/// FI_TRIGGER data calls (ep.cpp's entries after it checked the context).
+ssize_t arm_msg(fid_ep* ep, const fi_msg* msg, const fi_msg_tagged* tmsg, std::uint64_t flags,
+                bool recv, const fi_triggered_context* tc);
+ssize_t arm_rma(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags, bool write,
+                const fi_triggered_context* tc);
+ssize_t arm_atomic(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* comparev,
+                   void** compare_desc, size_t compare_count, fi_ioc* resultv, void** result_desc,
+                   size_t result_count, std::uint64_t flags, int kind,
+                   const fi_triggered_context* tc);
+/// FI_QUEUE_WORK / FI_CANCEL_WORK / FI_FLUSH_WORK.
+int queue_work(domain_st* ds, const fi_deferred_work* w);
+int cancel_work(domain_st* ds, const fi_deferred_work* w);
+int flush_work(domain_st* ds);
+/// Posts the due items of every domain in order (under mu()); frees finished ones.
+void post_ready() noexcept;
+/// The triggering counters of armed items (progress pulls them).
+void armed_counters(std::vector<hook_cntr*>& out) noexcept;
+/// The CQs where posted items' completions will appear (progress drains them).
+void inflight_cqs(std::vector<fid_cq*>& out) noexcept;
+/// A completion entry of a posted item (cq.cpp): counts its completion counter; returns the
+/// application's context and whether the application wants the entry.
+void* item_completed(item* it, bool error, bool* app_wants) noexcept;
+/// Cancels and frees every item of `ds` (domain close) or that posts on `ep` (endpoint close).
+void drop_items(domain_st* ds, fid_ep* ep) noexcept;
+
+/// Calls f(counter) for every counter bound to an endpoint of `d` (under mu()).
+template <class F>
+void for_each_bound_cntr(domain_st* d, F&& f) {
+  for (ep_st* e : eps_of(d))
+    for (fid_cntr* c :
+         {e->cntr_send, e->cntr_recv, e->cntr_write, e->cntr_read, e->cntr_rwrite, e->cntr_rread})
+      if (c) f(c);
+}
+
+} // namespace compcntr_ofi
+
+#endif

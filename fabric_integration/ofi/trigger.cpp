@@ -1,0 +1,561 @@
+// ofi_compcntr's armed operations: an FI_TRIGGER data call or an FI_QUEUE_WORK item is copied
+// (the application's message, iovecs and descriptors may be gone when it fires), armed as a
+// compcntr trigger (COMPCNTR_TRIGGER_DEFERRED) on the compcntr counter behind the triggering
+// counter, and posted to the provider below from a progress call (cntr.cpp) once due -- in the
+// order compcntr makes them due: per counter, threshold order, equal thresholds in arming order.
+#include "ofi.hpp"
+
+#include <rdma/fi_errno.h>
+#include <rdma/providers/fi_log.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <new>
+
+namespace compcntr_ofi {
+
+enum kind_t : int {
+  k_send,
+  k_recv,
+  k_tsend,
+  k_trecv,
+  k_write,
+  k_read,
+  k_atomic,
+  k_cntr_add,
+  k_cntr_set
+};
+enum state_t : int { s_armed, s_due, s_inflight, s_done };
+
+struct item {
+  fi_context2 ctx{}; // first: the context of a posted deferred-work operation (cq.cpp)
+  domain_st* dom = nullptr;
+  kind_t kind = k_send;
+  int atomic_kind = 0; // 0 write, 1 fetch, 2 compare
+  state_t state = s_armed;
+  fid_ep* ep = nullptr;
+  std::uint64_t flags = 0;
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  void* context = nullptr; // the application's
+  std::uint64_t data = 0, tag = 0, ignore = 0, value = 0;
+  fi_datatype dt{};
+  fi_op op{};
+  std::vector<iovec> iov;
+  std::vector<fi_ioc> ioc, res, cmp;
+  std::vector<void*> desc, res_desc, cmp_desc;
+  std::vector<fi_rma_iov> riov;
+  std::vector<fi_rma_ioc> rioc;
+  fid_cntr* target = nullptr;     // FI_OP_CNTR_ADD / SET
+  fid_cntr* completion = nullptr; // fi_deferred_work's completion counter
+  const fi_deferred_work* work = nullptr; // FI_QUEUE_WORK's (FI_CANCEL_WORK finds it)
+  compcntr_trigger* trig = nullptr;
+  hook_cntr* trig_cntr = nullptr;
+};
+
+namespace {
+
+template <class T>
+std::vector<T> copy(const T* p, std::size_t n) {
+  return p && n ? std::vector<T>(p, p + n) : std::vector<T>(n);
+}
+
+// The action of every armed item: runs in compcntr_trigger_progress (a progress call of ours,
+// never the provider's own callbacks), under mu(). Due items are posted in this order.
+void fire(void* ctx, int status) {
+  auto* it = static_cast<item*>(ctx);
+  std::lock_guard lk(mu());
+  if (status != 0) { // cancelled (flush, cancel, the counter destroyed)
+    it->state = s_done;
+    return;
+  }
+  it->state = s_due;
+  try {
+    it->dom->ready.push_back(it);
+  } catch (...) {
+    FI_WARN(&compcntr_hook::self(), FI_LOG_EP_DATA,
+            "out of memory: a due triggered operation is dropped\n");
+    it->state = s_done;
+  }
+}
+
+hook_cntr* hook_of(fid_cntr* c) noexcept {
+  return c ? compcntr_hook::as_hook_cntr(&c->fid) : nullptr;
+}
+
+// Arms `it` on counter c at threshold; takes ownership of it.
+int arm(item* it, fid_cntr* c, std::uint64_t threshold) {
+  hook_cntr* h = hook_of(c);
+  if (h == nullptr || it->dom == nullptr) {
+    delete it;
+    return -FI_EINVAL;
+  }
+  it->trig_cntr = h;
+  std::lock_guard lk(mu());
+  try {
+    it->dom->items.push_back(it);
+  } catch (...) {
+    delete it;
+    return -FI_ENOMEM;
+  }
+  active().fetch_add(1, std::memory_order_acq_rel);
+  it->trig = compcntr_trigger_arm(compcntr_hook::comp_of(h), threshold, fire, it,
+                                  COMPCNTR_TRIGGER_DEFERRED);
+  if (it->trig == nullptr) {
+    const int e = errno;
+    it->dom->items.pop_back();
+    active().fetch_sub(1, std::memory_order_acq_rel);
+    delete it;
+    return e == ENOMEM ? -FI_ENOMEM : -FI_EINVAL;
+  }
+  return 0;
+}
+
+domain_st* dom_of_ep(fid_ep* ep) noexcept {
+  std::lock_guard lk(mu());
+  ep_st* e = find_ep(base_ep(ep));
+  return e ? e->dom : nullptr;
+}
+
+int check_ctx(const fi_triggered_context* tc) noexcept {
+  if (tc == nullptr) return -FI_EINVAL;
+  if (tc->event_type != FI_TRIGGER_THRESHOLD) return -FI_ENOSYS;
+  if (hook_of(tc->trigger.threshold.cntr) == nullptr) return -FI_EINVAL;
+  return 0;
+}
+
+void fill_msg(item* it, const iovec* iov, void** desc, std::size_t n) {
+  it->iov = copy(iov, n);
+  it->desc = copy(desc, n);
+}
+
+// Finished: the trigger destroyed, the item freed (under mu(); never inside fire()).
+void finish(item* it) noexcept {
+  if (it->state == s_inflight) inflight_remove(it);
+  it->dom->items.remove(it);
+  if (it->trig) compcntr_trigger_destroy(it->trig);
+  active().fetch_sub(1, std::memory_order_acq_rel);
+  delete it;
+}
+
+// The CQ of the direction an item posts on.
+fid_cq* cq_of(item* it, ep_st* e) noexcept {
+  return (it->kind == k_recv || it->kind == k_trecv) ? e->rx_cq : e->tx_cq;
+}
+fid_cntr* cntr_of(item* it, ep_st* e) noexcept {
+  switch (it->kind) {
+    case k_send:
+    case k_tsend: return e->cntr_send;
+    case k_recv:
+    case k_trecv: return e->cntr_recv;
+    case k_write:
+    case k_atomic: return e->cntr_write;
+    case k_read: return e->cntr_read;
+    default: return nullptr;
+  }
+}
+bool app_wants_entry(item* it, ep_st* e) noexcept {
+  const bool rx = it->kind == k_recv || it->kind == k_trecv;
+  return !(rx ? e->rx_selective : e->tx_selective) || (it->flags & FI_COMPLETION);
+}
+
+// Posts one due item. -FI_EAGAIN: try again at the next progress call (nothing changed).
+ssize_t post(item* it) noexcept {
+  if (it->kind == k_cntr_add || it->kind == k_cntr_set) {
+    const int r = it->kind == k_cntr_add ? fi_cntr_add(it->target, it->value)
+                                         : fi_cntr_set(it->target, it->value);
+    if (r == 0 && it->completion) fi_cntr_add(it->completion, 1);
+    it->state = s_done;
+    return r == -FI_EAGAIN ? 0 : r;
+  }
+  ep_st* e = find_ep(it->ep);
+  // Deferred work with a completion counter is posted with the item as its context and
+  // FI_COMPLETION: its completion entry (cq.cpp) counts the counter and goes on to the
+  // application with the application's context, if it asked for one.
+  const bool track = it->completion != nullptr && e != nullptr && cq_of(it, e) != nullptr;
+  void* ctx = track ? static_cast<void*>(it) : it->context;
+  const std::uint64_t flags = track ? (it->flags | FI_COMPLETION) : it->flags;
+  ssize_t r;
+  switch (it->kind) {
+    case k_send:
+    case k_recv: {
+      fi_msg m{it->iov.data(), it->desc.data(), it->iov.size(), it->addr, ctx, it->data};
+      r = it->kind == k_send ? post_sendmsg(it->ep, &m, flags) : post_recvmsg(it->ep, &m, flags);
+      break;
+    }
+    case k_tsend:
+    case k_trecv: {
+      fi_msg_tagged m{
+          it->iov.data(), it->desc.data(), it->iov.size(), it->addr, it->tag, it->ignore, ctx,
+          it->data};
+      r = it->kind == k_tsend ? post_tsendmsg(it->ep, &m, flags) : post_trecvmsg(it->ep, &m, flags);
+      break;
+    }
+    case k_write:
+    case k_read: {
+      fi_msg_rma m{it->iov.data(),
+                   it->desc.data(),
+                   it->iov.size(),
+                   it->addr,
+                   it->riov.data(),
+                   it->riov.size(),
+                   ctx,
+                   it->data};
+      r = it->kind == k_write ? post_writemsg(it->ep, &m, flags) : post_readmsg(it->ep, &m, flags);
+      break;
+    }
+    default: {
+      fi_msg_atomic m{it->ioc.data(),  it->desc.data(), it->ioc.size(), it->addr, it->rioc.data(),
+                      it->rioc.size(), it->dt,          it->op,         ctx,      it->data};
+      r = post_atomicmsg(it->ep, &m, it->cmp.data(), it->cmp_desc.data(), it->cmp.size(),
+                         it->res.data(), it->res_desc.data(), it->res.size(), flags,
+                         it->atomic_kind);
+      break;
+    }
+  }
+  if (r == -FI_EAGAIN) return r;
+  if (r != 0) {
+    // The provider refused the operation: it completes with an error entry on the
+    // endpoint's CQ (as the provider reports errors: the application's context, -r as err)
+    // and an error on the endpoint's counter of that kind and on the completion counter.
+    FI_WARN(&compcntr_hook::self(), FI_LOG_EP_DATA,
+            "a triggered operation was refused by the provider below: %s\n",
+            fi_strerror(static_cast<int>(-r)));
+    if (e != nullptr) {
+      if (fid_cq* cq = cq_of(it, e)) cq_push_error(cq, it->context, 0, static_cast<int>(-r));
+      if (fid_cntr* c = cntr_of(it, e)) fi_cntr_adderr(c, 1);
+    }
+    if (it->completion) fi_cntr_adderr(it->completion, 1);
+    it->state = s_done;
+    return 0;
+  }
+  if (track) {
+    it->state = s_inflight;
+    inflight_add(it);
+  } else {
+    if (it->completion) fi_cntr_add(it->completion, 1); // no CQ to see the completion on
+    it->state = s_done;
+  }
+  return 0;
+}
+
+} // namespace
+
+ssize_t arm_msg(fid_ep* ep, const fi_msg* msg, const fi_msg_tagged* tmsg, std::uint64_t flags,
+                bool recv, const fi_triggered_context* tc) {
+  if (const int r = check_ctx(tc)) return r;
+  auto* it = new (std::nothrow) item;
+  if (it == nullptr) return -FI_ENOMEM;
+  try {
+    if (tmsg) {
+      it->kind = recv ? k_trecv : k_tsend;
+      fill_msg(it, tmsg->msg_iov, tmsg->desc, tmsg->iov_count);
+      it->addr = tmsg->addr;
+      it->context = tmsg->context;
+      it->data = tmsg->data;
+      it->tag = tmsg->tag;
+      it->ignore = tmsg->ignore;
+    } else {
+      it->kind = recv ? k_recv : k_send;
+      fill_msg(it, msg->msg_iov, msg->desc, msg->iov_count);
+      it->addr = msg->addr;
+      it->context = msg->context;
+      it->data = msg->data;
+    }
+  } catch (...) {
+    delete it;
+    return -FI_ENOMEM;
+  }
+  it->ep = base_ep(ep);
+  it->dom = dom_of_ep(ep);
+  it->flags = flags;
+  return arm(it, tc->trigger.threshold.cntr, tc->trigger.threshold.threshold);
+}
+
+namespace {
+void fill_rma_item(item* it, const fi_msg_rma* msg, bool write) {
+  it->kind = write ? k_write : k_read;
+  fill_msg(it, msg->msg_iov, msg->desc, msg->iov_count);
+  it->riov = copy(msg->rma_iov, msg->rma_iov_count);
+  it->addr = msg->addr;
+  it->context = msg->context;
+  it->data = msg->data;
+}
+void fill_atomic_item(item* it, const fi_msg_atomic* msg, const fi_ioc* comparev,
+                      void** compare_desc, size_t compare_count, fi_ioc* resultv,
+                      void** result_desc, size_t result_count, int kind) {
+  it->kind = k_atomic;
+  it->atomic_kind = kind;
+  it->ioc = copy(msg->msg_iov, msg->iov_count);
+  it->desc = copy(msg->desc, msg->iov_count);
+  it->rioc = copy(msg->rma_iov, msg->rma_iov_count);
+  it->addr = msg->addr;
+  it->dt = msg->datatype;
+  it->op = msg->op;
+  it->context = msg->context;
+  it->data = msg->data;
+  if (kind >= 1) {
+    it->res = copy(resultv, result_count);
+    it->res_desc = copy(result_desc, result_count);
+  }
+  if (kind == 2) {
+    it->cmp = copy(comparev, compare_count);
+    it->cmp_desc = copy(compare_desc, compare_count);
+  }
+}
+} // namespace
+
+ssize_t arm_rma(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags, bool write,
+                const fi_triggered_context* tc) {
+  if (const int r = check_ctx(tc)) return r;
+  auto* it = new (std::nothrow) item;
+  if (it == nullptr) return -FI_ENOMEM;
+  try {
+    fill_rma_item(it, msg, write);
+  } catch (...) {
+    delete it;
+    return -FI_ENOMEM;
+  }
+  it->ep = base_ep(ep);
+  it->dom = dom_of_ep(ep);
+  it->flags = flags;
+  return arm(it, tc->trigger.threshold.cntr, tc->trigger.threshold.threshold);
+}
+
+ssize_t arm_atomic(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* comparev,
+                   void** compare_desc, size_t compare_count, fi_ioc* resultv, void** result_desc,
+                   size_t result_count, std::uint64_t flags, int kind,
+                   const fi_triggered_context* tc) {
+  if (const int r = check_ctx(tc)) return r;
+  auto* it = new (std::nothrow) item;
+  if (it == nullptr) return -FI_ENOMEM;
+  try {
+    fill_atomic_item(it, msg, comparev, compare_desc, compare_count, resultv, result_desc,
+                     result_count, kind);
+  } catch (...) {
+    delete it;
+    return -FI_ENOMEM;
+  }
+  it->ep = base_ep(ep);
+  it->dom = dom_of_ep(ep);
+  it->flags = flags;
+  return arm(it, tc->trigger.threshold.cntr, tc->trigger.threshold.threshold);
+}
+
+int queue_work(domain_st* ds, const fi_deferred_work* w) {
+  if (hook_of(w->triggering_cntr) == nullptr) return -FI_EINVAL;
+  if (w->completion_cntr != nullptr && hook_of(w->completion_cntr) == nullptr) return -FI_EINVAL;
+  auto* it = new (std::nothrow) item;
+  if (it == nullptr) return -FI_ENOMEM;
+  it->dom = ds;
+  it->work = w;
+  it->completion = w->completion_cntr;
+  fid_ep* ep = nullptr;
+  try {
+    switch (w->op_type) {
+      case FI_OP_RECV:
+      case FI_OP_SEND: {
+        const fi_op_msg* o = w->op.msg;
+        if (o == nullptr) throw -FI_EINVAL;
+        it->kind = w->op_type == FI_OP_SEND ? k_send : k_recv;
+        fill_msg(it, o->msg.msg_iov, o->msg.desc, o->msg.iov_count);
+        it->addr = o->msg.addr;
+        it->context = o->msg.context;
+        it->data = o->msg.data;
+        it->flags = o->flags;
+        ep = o->ep;
+        break;
+      }
+      case FI_OP_TRECV:
+      case FI_OP_TSEND: {
+        const fi_op_tagged* o = w->op.tagged;
+        if (o == nullptr) throw -FI_EINVAL;
+        it->kind = w->op_type == FI_OP_TSEND ? k_tsend : k_trecv;
+        fill_msg(it, o->msg.msg_iov, o->msg.desc, o->msg.iov_count);
+        it->addr = o->msg.addr;
+        it->context = o->msg.context;
+        it->data = o->msg.data;
+        it->tag = o->msg.tag;
+        it->ignore = o->msg.ignore;
+        it->flags = o->flags;
+        ep = o->ep;
+        break;
+      }
+      case FI_OP_READ:
+      case FI_OP_WRITE: {
+        const fi_op_rma* o = w->op.rma;
+        if (o == nullptr) throw -FI_EINVAL;
+        fill_rma_item(it, &o->msg, w->op_type == FI_OP_WRITE);
+        it->flags = o->flags;
+        ep = o->ep;
+        break;
+      }
+      case FI_OP_ATOMIC: {
+        const fi_op_atomic* o = w->op.atomic;
+        if (o == nullptr) throw -FI_EINVAL;
+        fill_atomic_item(it, &o->msg, nullptr, nullptr, 0, nullptr, nullptr, 0, 0);
+        it->flags = o->flags;
+        ep = o->ep;
+        break;
+      }
+      case FI_OP_FETCH_ATOMIC: {
+        const fi_op_fetch_atomic* o = w->op.fetch_atomic;
+        if (o == nullptr) throw -FI_EINVAL;
+        fill_atomic_item(it, &o->msg, nullptr, nullptr, 0, o->fetch.msg_iov, o->fetch.desc,
+                         o->fetch.iov_count, 1);
+        it->flags = o->flags;
+        ep = o->ep;
+        break;
+      }
+      case FI_OP_COMPARE_ATOMIC: {
+        const fi_op_compare_atomic* o = w->op.compare_atomic;
+        if (o == nullptr) throw -FI_EINVAL;
+        fill_atomic_item(it, &o->msg, o->compare.msg_iov, o->compare.desc, o->compare.iov_count,
+                         o->fetch.msg_iov, o->fetch.desc, o->fetch.iov_count, 2);
+        it->flags = o->flags;
+        ep = o->ep;
+        break;
+      }
+      case FI_OP_CNTR_SET:
+      case FI_OP_CNTR_ADD: {
+        const fi_op_cntr* o = w->op.cntr;
+        if (o == nullptr || hook_of(o->cntr) == nullptr) throw -FI_EINVAL;
+        it->kind = w->op_type == FI_OP_CNTR_ADD ? k_cntr_add : k_cntr_set;
+        it->target = o->cntr;
+        it->value = o->value;
+        break;
+      }
+      default: throw -FI_ENOSYS;
+    }
+  } catch (int e) {
+    delete it;
+    return e;
+  } catch (...) {
+    delete it;
+    return -FI_ENOMEM;
+  }
+  if (ep != nullptr) {
+    it->ep = base_ep(ep);
+    if (dom_of_ep(ep) != ds) { // an endpoint of another domain, or not one of ours
+      delete it;
+      return -FI_EINVAL;
+    }
+  }
+  it->flags &= ~FI_TRIGGER;
+  return arm(it, w->triggering_cntr, w->threshold);
+}
+
+int cancel_work(domain_st* ds, const fi_deferred_work* w) {
+  std::lock_guard lk(mu());
+  int found = 0, cancelled = 0;
+  for (auto i = ds->items.begin(); i != ds->items.end();) {
+    item* it = *i++;
+    if (it->work != w) continue;
+    ++found;
+    if (it->state == s_armed) {
+      if (compcntr_trigger_cancel(it->trig) == 0) ++cancelled; // fire() ran with ECANCELED
+    } else if (it->state == s_due) {
+      ds->ready.erase(std::find(ds->ready.begin(), ds->ready.end(), it));
+      it->state = s_done;
+      ++cancelled;
+    }
+    if (it->state == s_done) finish(it);
+  }
+  if (found == 0) return -FI_ENOENT;
+  return cancelled ? 0 : -FI_EALREADY;
+}
+
+int flush_work(domain_st* ds) {
+  std::lock_guard lk(mu());
+  for (auto i = ds->items.begin(); i != ds->items.end();) {
+    item* it = *i++;
+    if (it->state == s_armed) compcntr_trigger_cancel(it->trig);
+    if (it->state == s_due) it->state = s_done;
+    if (it->state == s_done) finish(it);
+  }
+  ds->ready.clear();
+  return 0;
+}
+
+void drop_items(domain_st* ds, fid_ep* ep) noexcept {
+  std::lock_guard lk(mu());
+  for (domain_st* d : domains()) {
+    if (ds != nullptr && d != ds) continue;
+    for (auto i = d->items.begin(); i != d->items.end();) {
+      item* it = *i++;
+      if (ep != nullptr && it->ep != ep) continue;
+      if (it->state == s_armed) compcntr_trigger_cancel(it->trig);
+      if (it->state == s_due) {
+        d->ready.erase(std::find(d->ready.begin(), d->ready.end(), it));
+        it->state = s_done;
+      }
+      // in flight: its completion will not come (the endpoint or domain closes)
+      finish(it);
+    }
+  }
+}
+
+void post_ready() noexcept {
+  std::lock_guard lk(mu());
+  for (domain_st* d : domains()) {
+    while (!d->ready.empty()) {
+      item* it = d->ready.front();
+      if (post(it) == -FI_EAGAIN) break; // keeps the order: the rest waits behind it
+      d->ready.pop_front();
+      if (it->state == s_done) finish(it);
+    }
+  }
+}
+
+void armed_counters(std::vector<hook_cntr*>& out) noexcept {
+  std::lock_guard lk(mu());
+  out.clear();
+  auto add = [&](hook_cntr* h) noexcept {
+    if (h == nullptr || std::find(out.begin(), out.end(), h) != out.end()) return;
+    try {
+      out.push_back(h);
+    } catch (...) {
+    }
+  };
+  for (domain_st* d : domains()) {
+    if (d->items.empty()) continue;
+    for (item* it : d->items)
+      if (it->state == s_armed) add(it->trig_cntr);
+    // A triggering counter no endpoint is bound to (fabtests' test counter, a counter only
+    // fi_cntr_add moves) drives no endpoint when pulled: the counters bound to the domain's
+    // endpoints are pulled too, so the provider moves the data that makes the triggers due.
+    for_each_bound_cntr(d, [&](fid_cntr* c) { add(hook_of(c)); });
+  }
+}
+
+void inflight_cqs(std::vector<fid_cq*>& out) noexcept {
+  std::lock_guard lk(mu());
+  out.clear();
+  for (domain_st* d : domains())
+    for (item* it : d->items)
+      if (it->state == s_inflight)
+        if (ep_st* e = find_ep(it->ep))
+          if (fid_cq* cq = cq_of(it, e); cq && std::find(out.begin(), out.end(), cq) == out.end()) {
+            try {
+              out.push_back(cq);
+            } catch (...) {
+            }
+          }
+}
+
+void* item_completed(item* it, bool error, bool* app_wants) noexcept {
+  std::lock_guard lk(mu());
+  void* ctx = it->context;
+  ep_st* e = find_ep(it->ep);
+  *app_wants = e == nullptr || app_wants_entry(it, e) || error;
+  if (it->completion) {
+    if (error)
+      fi_cntr_adderr(it->completion, 1);
+    else
+      fi_cntr_add(it->completion, 1);
+  }
+  it->state = s_done;
+  finish(it);
+  return ctx;
+}
+
+} // namespace compcntr_ofi
