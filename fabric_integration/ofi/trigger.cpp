@@ -127,6 +127,23 @@ void fill_msg(item* it, const iovec* iov, void** desc, std::size_t n) {
   it->iov = copy(iov, n);
   it->desc = copy(desc, n);
 }
+// An fi_msg / fi_msg_tagged copied into an item (FI_TRIGGER posts and deferred work alike).
+void fill_msg_item(item* it, const fi_msg& m, bool recv) {
+  it->kind = recv ? k_recv : k_send;
+  fill_msg(it, m.msg_iov, m.desc, m.iov_count);
+  it->addr = m.addr;
+  it->context = m.context;
+  it->data = m.data;
+}
+void fill_tagged_item(item* it, const fi_msg_tagged& m, bool recv) {
+  it->kind = recv ? k_trecv : k_tsend;
+  fill_msg(it, m.msg_iov, m.desc, m.iov_count);
+  it->addr = m.addr;
+  it->context = m.context;
+  it->data = m.data;
+  it->tag = m.tag;
+  it->ignore = m.ignore;
+}
 
 // Finished: the trigger destroyed, the item freed (under mu(); never inside fire()).
 void finish(item* it) noexcept {
@@ -246,21 +263,10 @@ ssize_t arm_msg(fid_ep* ep, const fi_msg* msg, const fi_msg_tagged* tmsg, std::u
   auto* it = new (std::nothrow) item;
   if (it == nullptr) return -FI_ENOMEM;
   try {
-    if (tmsg) {
-      it->kind = recv ? k_trecv : k_tsend;
-      fill_msg(it, tmsg->msg_iov, tmsg->desc, tmsg->iov_count);
-      it->addr = tmsg->addr;
-      it->context = tmsg->context;
-      it->data = tmsg->data;
-      it->tag = tmsg->tag;
-      it->ignore = tmsg->ignore;
-    } else {
-      it->kind = recv ? k_recv : k_send;
-      fill_msg(it, msg->msg_iov, msg->desc, msg->iov_count);
-      it->addr = msg->addr;
-      it->context = msg->context;
-      it->data = msg->data;
-    }
+    if (tmsg)
+      fill_tagged_item(it, *tmsg, recv);
+    else
+      fill_msg_item(it, *msg, recv);
   } catch (...) {
     delete it;
     return -FI_ENOMEM;
@@ -356,11 +362,7 @@ int queue_work(domain_st* ds, const fi_deferred_work* w) {
       case FI_OP_SEND: {
         const fi_op_msg* o = w->op.msg;
         if (o == nullptr) throw -FI_EINVAL;
-        it->kind = w->op_type == FI_OP_SEND ? k_send : k_recv;
-        fill_msg(it, o->msg.msg_iov, o->msg.desc, o->msg.iov_count);
-        it->addr = o->msg.addr;
-        it->context = o->msg.context;
-        it->data = o->msg.data;
+        fill_msg_item(it, o->msg, w->op_type == FI_OP_RECV);
         it->flags = o->flags;
         ep = o->ep;
         break;
@@ -369,13 +371,7 @@ int queue_work(domain_st* ds, const fi_deferred_work* w) {
       case FI_OP_TSEND: {
         const fi_op_tagged* o = w->op.tagged;
         if (o == nullptr) throw -FI_EINVAL;
-        it->kind = w->op_type == FI_OP_TSEND ? k_tsend : k_trecv;
-        fill_msg(it, o->msg.msg_iov, o->msg.desc, o->msg.iov_count);
-        it->addr = o->msg.addr;
-        it->context = o->msg.context;
-        it->data = o->msg.data;
-        it->tag = o->msg.tag;
-        it->ignore = o->msg.ignore;
+        fill_tagged_item(it, o->msg, w->op_type == FI_OP_TRECV);
         it->flags = o->flags;
         ep = o->ep;
         break;

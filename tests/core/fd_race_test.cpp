@@ -48,21 +48,34 @@ extern "C" ssize_t write(int fd, const void* buf, size_t n) {
   return ::syscall(SYS_write, fd, buf, n);
 }
 
+// The counter's pollable fd in an epoll set of its own (closed by the destructor); ready() is
+// epoll_wait's count without waiting.
+struct epoll_on {
+  int fd = -1, ep = -1;
+  explicit epoll_on(const compcntr::counter& c) {
+    std::error_code ec;
+    fd = compcntr::pollable_fd(c, ec);
+    REQUIRE(!ec);
+    ep = ::epoll_create1(EPOLL_CLOEXEC);
+    REQUIRE(ep >= 0);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+  }
+  ~epoll_on() { ::close(ep); }
+  int ready() const {
+    epoll_event e[1];
+    return ::epoll_wait(ep, e, 1, 0);
+  }
+};
+
 TEST_CASE("arm_fd racing with an update's signal leaves at most one spurious readiness") {
   auto dev = test_support::open_soft();
   auto c = test_support::make_counter(dev);
   std::error_code ec;
-  const int fd = compcntr::pollable_fd(c, ec);
-  REQUIRE(!ec);
-  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
-  REQUIRE(ep >= 0);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
-  auto ready = [&] {
-    epoll_event e[1];
-    return ::epoll_wait(ep, e, 1, 0);
-  };
+  epoll_on ep(c);
+  const int fd = ep.fd;
+  auto ready = [&] { return ep.ready(); };
 
   compcntr::arm_fd(c, ec);  // A1
   REQUIRE(!ec);
@@ -88,7 +101,6 @@ TEST_CASE("arm_fd racing with an update's signal leaves at most one spurious rea
   // And the fd still works: the next update makes it readable.
   c.add(1);
   CHECK(ready() == 1);
-  ::close(ep);
 }
 
 TEST_CASE("an arm while a signal's write has landed but is not yet recorded drains it") {
@@ -101,17 +113,9 @@ TEST_CASE("an arm while a signal's write has landed but is not yet recorded drai
   auto dev = test_support::open_soft();
   auto c = test_support::make_counter(dev);
   std::error_code ec;
-  const int fd = compcntr::pollable_fd(c, ec);
-  REQUIRE(!ec);
-  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
-  REQUIRE(ep >= 0);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
-  auto ready = [&] {
-    epoll_event e[1];
-    return ::epoll_wait(ep, e, 1, 0);
-  };
+  epoll_on ep(c);
+  const int fd = ep.fd;
+  auto ready = [&] { return ep.ready(); };
   compcntr::arm_fd(c, 1, ec);
   REQUIRE(!ec);
   hold_fd.store(fd);
@@ -134,7 +138,6 @@ TEST_CASE("an arm while a signal's write has landed but is not yet recorded drai
   CHECK(ready() == 0);
   c.add(1);  // reaches 2
   CHECK(ready() == 1);
-  ::close(ep);
 }
 
 TEST_CASE("an epoll loop re-arming a threshold per batch wakes a bounded number of times") {
@@ -146,13 +149,8 @@ TEST_CASE("an epoll loop re-arming a threshold per batch wakes a bounded number 
   auto dev = test_support::open_soft();
   auto c = test_support::make_counter(dev);
   std::error_code ec;
-  const int fd = compcntr::pollable_fd(c, ec);
-  REQUIRE(!ec);
-  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
-  REQUIRE(ep >= 0);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+  epoll_on epo(c);
+  const int ep = epo.ep;
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(sched_getcpu() < 0 ? 0 : sched_getcpu(), &one);
@@ -182,5 +180,4 @@ TEST_CASE("an epoll loop re-arming a threshold per batch wakes a bounded number 
   CHECK(c.value() == batch * batches);
   INFO("wake-ups " << wakeups << ", below the threshold " << below);
   CHECK(below <= batches);  // at most one spurious wake-up per batch on average
-  ::close(ep);
 }

@@ -74,6 +74,18 @@ compcntr_device* child_open(const seg_name& n) {
 
 bool contains(const char* hay, const char* needle) { return std::strstr(hay, needle) != nullptr; }
 
+// In a child: open the device, create a counter there, add `n`; its id, or exit with the line.
+compcntr_counter_id child_create_counting(const seg_name& n, std::uint64_t value) {
+  compcntr_device* cd = child_open(n);
+  compcntr_comp_cntr_init_attr a{};
+  compcntr_comp_cntr* c = compcntr_create_comp_cntr(cd, &a);
+  CHILD_CHECK(c != nullptr);
+  CHILD_CHECK(compcntr_inc_comp_cntr(c, value) == 0);
+  compcntr_counter_id id{};
+  CHILD_CHECK(compcntr_comp_cntr_id(c, &id) == 0);
+  return id;
+}
+
 // In a child: become nobody (groups, gid, uid), or exit with the line.
 void become_nobody() {
   const passwd* pw = ::getpwnam("nobody");
@@ -503,14 +515,7 @@ TEST_CASE("shared devices: a stale segment is replaced, never reused half-initia
   // 1. Every process that used it died (a child _exits without closing): replaced on open.
   channel idc;
   const pid_t pid = spawn([&] {
-    compcntr_device* cd = child_open(n);
-    compcntr_comp_cntr_init_attr a{};
-    compcntr_comp_cntr* c = compcntr_create_comp_cntr(cd, &a);
-    CHILD_CHECK(c != nullptr);
-    CHILD_CHECK(compcntr_inc_comp_cntr(c, 9) == 0);
-    compcntr_counter_id id{};
-    CHILD_CHECK(compcntr_comp_cntr_id(c, &id) == 0);
-    idc.send(id);
+    idc.send(child_create_counting(n, 9));
     ::_exit(0);  // no close: its entry and its cell stay behind
   });
   compcntr_counter_id id{};
@@ -578,14 +583,7 @@ TEST_CASE("shared counters: a creator's death ends a forever-wait with EIO; valu
   compcntr_device* d = open_or_fail(n);
   channel idc;
   const pid_t pid = spawn([&] {
-    compcntr_device* cd = child_open(n);
-    compcntr_comp_cntr_init_attr a{};
-    compcntr_comp_cntr* c = compcntr_create_comp_cntr(cd, &a);
-    CHILD_CHECK(c != nullptr);
-    CHILD_CHECK(compcntr_inc_comp_cntr(c, 3) == 0);
-    compcntr_counter_id id{};
-    CHILD_CHECK(compcntr_comp_cntr_id(c, &id) == 0);
-    idc.send(id);
+    idc.send(child_create_counting(n, 3));
     for (;;) ::pause();  // killed here
   });
   compcntr_counter_id id{};

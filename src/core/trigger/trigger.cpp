@@ -480,8 +480,8 @@ trigger_node* arm_counter_trigger(slot& s, std::uint64_t threshold, slot& target
               set ? "set" : "add", target.index);
     return nullptr;
   }
-  // The node is its own ctx: built in two steps, so arm with a placeholder ctx first is not
-  // possible (it may fire inside arm). Allocate the node's operand holder through ctx = node.
+  // The action's context: the target and the operand, allocated before arming (the trigger
+  // may fire inside arm_trigger, so its context must be complete first); freed at destroy.
   struct holder {
     slot* target;
     std::uint64_t operand;

@@ -23,10 +23,9 @@ inline std::uint32_t* addr(std::atomic<std::uint32_t>& word) noexcept {
   return reinterpret_cast<std::uint32_t*>(&word);
 }
 
-/// Sleeps while `word` == `expected`, for at most `rel` (negative: no limit). Returns on a wake,
-/// when the word already differs (EAGAIN), on timeout and on signals: callers re-check.
-inline void wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
-                 std::chrono::nanoseconds rel) noexcept {
+/// FUTEX_WAIT with `op` (private or not) for at most `rel` (negative: no limit).
+inline void wait_op(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                    std::chrono::nanoseconds rel, int op) noexcept {
   timespec ts{};
   timespec* tsp = nullptr;
   if (rel.count() >= 0) {
@@ -34,7 +33,14 @@ inline void wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
     ts.tv_nsec = static_cast<long>(rel.count() % 1'000'000'000);
     tsp = &ts;
   }
-  ::syscall(SYS_futex, addr(word), FUTEX_WAIT_PRIVATE, expected, tsp, nullptr, 0);
+  ::syscall(SYS_futex, addr(word), op, expected, tsp, nullptr, 0);
+}
+
+/// Sleeps while `word` == `expected`, for at most `rel` (negative: no limit). Returns on a wake,
+/// when the word already differs (EAGAIN), on timeout and on signals: callers re-check.
+inline void wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                 std::chrono::nanoseconds rel) noexcept {
+  wait_op(word, expected, rel, FUTEX_WAIT_PRIVATE);
 }
 
 /// Wakes up to `n` threads sleeping in wait() on `word`.
@@ -46,14 +52,7 @@ inline void wake(std::atomic<std::uint32_t>& word, int n = INT_MAX) noexcept {
 /// it by the physical page, so a waker in another process that maps the page finds it).
 inline void wait_shared(std::atomic<std::uint32_t>& word, std::uint32_t expected,
                         std::chrono::nanoseconds rel) noexcept {
-  timespec ts{};
-  timespec* tsp = nullptr;
-  if (rel.count() >= 0) {
-    ts.tv_sec = static_cast<time_t>(rel.count() / 1'000'000'000);
-    ts.tv_nsec = static_cast<long>(rel.count() % 1'000'000'000);
-    tsp = &ts;
-  }
-  ::syscall(SYS_futex, addr(word), FUTEX_WAIT, expected, tsp, nullptr, 0);
+  wait_op(word, expected, rel, FUTEX_WAIT);
 }
 
 /// wake() of waiters of every process sleeping in wait_shared() on `word`.
