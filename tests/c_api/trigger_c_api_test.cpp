@@ -212,3 +212,28 @@ TEST_CASE("triggered work requests on the software device: a chain of sends with
   CHECK(compcntr_destroy_comp_cntr(recvs) == 0);
   CHECK(compcntr_close_device(dev) == 0);
 }
+
+TEST_CASE("closing a device with armed triggers is EBUSY and changes nothing; the service thread "
+          "ends with it") {
+  compcntr_device* dev = compcntr_open_device("soft");
+  REQUIRE(dev);
+  compcntr_comp_cntr* cc = make_cc(dev);
+  record r;
+  tagged a{&r, 1}, d{&r, 2};
+  compcntr_trigger* ti = compcntr_trigger_arm(cc, 5, note, &a, COMPCNTR_TRIGGER_INLINE);
+  compcntr_trigger* td = compcntr_trigger_arm(cc, 5, note, &d, COMPCNTR_TRIGGER_DEFERRED);
+  REQUIRE(ti);
+  REQUIRE(td);
+  REQUIRE(compcntr_trigger_service_start(dev) == 0);
+  CHECK(compcntr_close_device(dev) == EBUSY);  // its counter lives
+  CHECK(has("still has"));
+  CHECK(r.calls.empty());  // nothing cancelled, nothing run
+  CHECK(compcntr_trigger_state(ti) == 0);
+  CHECK(compcntr_trigger_state(td) == 0);
+  CHECK(compcntr_destroy_comp_cntr(cc) == 0);  // cancels both, in threshold then arming order
+  CHECK(r.calls == calls{{1, ECANCELED}, {2, ECANCELED}});
+  // The service thread still runs: closing the device stops it (no hang, no leak under ASan).
+  CHECK(compcntr_close_device(dev) == 0);
+  CHECK(compcntr_trigger_destroy(ti) == 0);  // the handles outlive the device
+  CHECK(compcntr_trigger_destroy(td) == 0);
+}
