@@ -7,6 +7,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <cstring>
+#include <cstdio>
 #include <limits>
 #include <pthread.h>
 #include <mutex>
@@ -489,4 +493,60 @@ TEST_CASE("stress: flush races with the updates that fire; each action runs exac
     for (auto& r : runs) CHECK(r.load() == 1);
     ts.clear();
   }
+}
+
+namespace {
+// Whether thread `tid` of this process sleeps in the kernel (state 'S' in its stat file).
+bool asleep(pid_t tid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/stat", static_cast<int>(tid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  char buf[512] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* close_paren = std::strrchr(buf, ')');
+  return n > 0 && close_paren != nullptr && close_paren[1] == ' ' && close_paren[2] == 'S';
+}
+}  // namespace
+
+TEST_CASE("a destroy from inside a deferred action waits for another thread's inline action") {
+  // Regression: the destroy waits for the counter's other running actions (busy > its own 1),
+  // and was only notified when busy reached 0: the inline action's end (2 -> 1) never woke it.
+  auto dev = test_support::open_soft();
+  auto c = test_support::make_counter(dev);
+  std::atomic<pid_t> destroyer{0};
+  std::atomic<bool> inline_done{false};
+  std::error_code ec, destroy_ec;
+  auto slow = trigger::arm(
+      c, 1, trigger_mode::immediate,
+      [&](int status) {
+        if (status != 0) return;
+        // Return only once the destroyer sleeps in its wait for this action (bounded: 5 s).
+        while (destroyer.load() == 0) std::this_thread::yield();
+        const auto end = std::chrono::steady_clock::now() + 5s;
+        while (!asleep(destroyer.load()) && std::chrono::steady_clock::now() < end)
+          std::this_thread::yield();
+        inline_done.store(true);
+      },
+      ec);
+  REQUIRE_FALSE(ec);
+  auto killer = trigger::arm(
+      c, 1, trigger_mode::deferred,
+      [&](int status) {
+        if (status != 0) return;
+        destroyer.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+        c.destroy(destroy_ec); // returns once the inline action above has returned
+        CHECK(inline_done.load());
+      },
+      ec);
+  REQUIRE_FALSE(ec);
+  compcntr::counter_view v = c;
+  std::thread updater([v] { v.add(1); }); // runs `slow` inline; `killer` is queued
+  while (killer.state() == trigger_state::armed && compcntr::run_deferred_triggers(dev) == 0)
+    std::this_thread::yield();
+  updater.join();
+  CHECK_FALSE(destroy_ec);
+  CHECK(slow.state() == trigger_state::fired);
+  CHECK(killer.state() == trigger_state::fired);
 }

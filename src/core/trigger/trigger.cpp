@@ -100,8 +100,11 @@ void finish_node(trigger_node& n, std::uint32_t final_state) noexcept {
   n.st.notify_all();
 }
 
+// A decrement to 1 notifies too, not only the one to 0: a destroy from inside one of the
+// counter's own actions waits for busy to fall to 1 (its own), not 0. notify_all costs a load when nobody
+// waits (libstdc++ counts waiters).
 void busy_done(trigger_list& l) noexcept {
-  if (l.busy.fetch_sub(1, std::memory_order_acq_rel) == 1) l.busy.notify_all();
+  if (l.busy.fetch_sub(1, std::memory_order_acq_rel) <= 2) l.busy.notify_all();
 }
 
 // The list the calling thread runs an action of now (an action runs no other action nested:
@@ -109,8 +112,8 @@ void busy_done(trigger_list& l) noexcept {
 // destroy_trigger called from inside an action.
 thread_local trigger_list* tl_running = nullptr;
 thread_local const trigger_node* tl_running_node = nullptr;
-thread_local unsigned tl_depth = 0;                // > 0 while inside fire_list (chains)
-thread_local trigger_list* tl_pending = nullptr;   // counters updated inside actions
+thread_local unsigned tl_depth = 0; // > 0 while inside fire_list (chains)
+thread_local trigger_list* tl_pending = nullptr; // counters updated inside actions
 thread_local bool tl_in_progress = false;
 
 void run_action(trigger_list& l, trigger_node& n, int status) noexcept {
@@ -150,12 +153,12 @@ struct trigger_queue final : device_service {
   std::mutex mu;
   trigger_node* head = nullptr;
   trigger_node* tail = nullptr;
-  std::atomic<std::uint32_t> count{0};  ///< queued nodes (relaxed hint: progress's fast exit)
+  std::atomic<std::uint32_t> count{0}; ///< queued nodes (relaxed hint: progress's fast exit)
   /// The service thread sleeps on `wake` (private futex) while nothing is queued.
   std::atomic<std::uint32_t> wake{0};
   std::atomic<std::uint32_t> sleeping{0};
   std::atomic<bool> stopping{false};
-  std::mutex thread_mu;  ///< start/stop
+  std::mutex thread_mu; ///< start/stop
   std::thread thread;
   device_core* dev = nullptr;
 
@@ -188,7 +191,7 @@ struct trigger_queue final : device_service {
     wake.fetch_add(1, std::memory_order_seq_cst);
     futex::wake(wake);
     if (thread.get_id() == std::this_thread::get_id())
-      thread.detach();  // the device's last object went inside one of its own actions
+      thread.detach(); // the device's last object went inside one of its own actions
     else
       thread.join();
   }
@@ -210,7 +213,7 @@ trigger_queue* ensure_queue(device_core& dev) noexcept {
   if (mine == nullptr) return nullptr;
   mine->dev = &dev;
   device_service* winner = dev.add_service(*mine);
-  if (winner != mine) delete mine;  // never attached: nothing to stop
+  if (winner != mine) delete mine; // never attached: nothing to stop
   return static_cast<trigger_queue*>(winner);
 }
 
@@ -228,7 +231,7 @@ bool run_one(trigger_queue& q) noexcept {
       // the node is the canceller's now, don't touch it again.
       if (n->st.compare_exchange_strong(want, st_running, std::memory_order_acq_rel)) break;
     }
-    n->list->busy.fetch_add(1, std::memory_order_acq_rel);  // under q.mu: end_* scans after it
+    n->list->busy.fetch_add(1, std::memory_order_acq_rel); // under q.mu: end_* scans after it
   }
   trigger_list& l = *n->list;
   run_action(l, *n, 0);
@@ -298,11 +301,11 @@ void fire_list(trigger_list& l) noexcept {
       trigger_node* const next = n->next;
       n->next = nullptr;
       run_action(l, *n, 0);
-      finish_node(*n, st_fired);  // n may be freed from here on
+      finish_node(*n, st_fired); // n may be freed from here on
       n = next;
     }
     lk.lock();
-    if (l.dead) {  // destroyed by one of its own actions: the destroyer cancelled the rest
+    if (l.dead) { // destroyed by one of its own actions: the destroyer cancelled the rest
       l.firing = false;
       lk.unlock();
       busy_done(l);
@@ -313,7 +316,7 @@ void fire_list(trigger_list& l) noexcept {
 
 // Takes a reference on l and puts it on this thread's pending list (chains).
 void defer_to_pending(trigger_list& l) noexcept {
-  if (l.pending.exchange(true, std::memory_order_seq_cst)) return;  // someone will look
+  if (l.pending.exchange(true, std::memory_order_seq_cst)) return; // someone will look
   l.refs.fetch_add(1, std::memory_order_relaxed);
   l.pending_next = tl_pending;
   tl_pending = &l;
@@ -399,7 +402,7 @@ std::size_t cancel_all(trigger_list& l, trigger_queue* q, bool mark_dead) noexce
   return count;
 }
 
-}  // namespace
+} // namespace
 
 void fire_slot_triggers(slot& s) noexcept {
   trigger_list* l = list_of(s);
@@ -407,7 +410,7 @@ void fire_slot_triggers(slot& s) noexcept {
   // The lock-free test: below the lowest armed threshold (the common update of a counter with
   // triggers armed ahead) costs two loads.
   if (s.value_seq_cst() < l->next.load(std::memory_order_seq_cst)) return;
-  if (tl_depth > 0) {  // inside an action: trampoline (bounded stack depth)
+  if (tl_depth > 0) { // inside an action: trampoline (bounded stack depth)
     defer_to_pending(*l);
     return;
   }
@@ -501,7 +504,7 @@ trigger_node* arm_counter_trigger(slot& s, std::uint64_t threshold, slot& target
   auto dispose = [](void* p) { delete static_cast<holder*>(p); };
   trigger_node* n =
       arm_trigger(s, threshold, set ? +run_set : +run_add, h, dispose, trigger_inline, &target, ec);
-  if (n == nullptr) delete h;  // arm_trigger dropped the target reference
+  if (n == nullptr) delete h; // arm_trigger dropped the target reference
   return n;
 }
 
@@ -623,7 +626,7 @@ std::error_code stop_trigger_service(device_core& dev) noexcept {
   return {};
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 namespace compcntr {
 
@@ -659,4 +662,4 @@ trigger trigger::arm_set(counter_view c, std::uint64_t threshold, counter_view t
       detail::arm_counter_trigger(*c.native_slot(), threshold, *target.native_slot(), v, true, ec));
 }
 
-}  // namespace compcntr
+} // namespace compcntr
