@@ -101,6 +101,15 @@ fi_info* entry_for(const fi_info* e, uint64_t added) noexcept {
   if (r == nullptr) return nullptr;
   r->next = nullptr;
   r->caps |= added;
+  // The layer's counters are compcntr counters: where the provider below states no counter
+  // limit (libfabric 1.17's rxm, rxd and shm say 0), the domain offers as many as compcntr's
+  // pool holds. (fabtests' fi_cntr_test tests nothing on a domain with cntr_cnt 0.)
+  if (r->domain_attr && r->domain_attr->cntr_cnt == 0)
+    if (compcntr_device* d = compcntr_hook::device()) {
+      compcntr_comp_cntr_caps caps{};
+      if (compcntr_query_comp_cntr_caps(d, &caps) == 0)
+        r->domain_attr->cntr_cnt = caps.max_counters;
+    }
   if (r->tx_attr && (added & FI_TRIGGER)) r->tx_attr->caps |= FI_TRIGGER;
   if (r->rx_attr && (added & FI_RMA_EVENT)) r->rx_attr->caps |= FI_RMA_EVENT;
   return r;
@@ -241,6 +250,10 @@ fi_info* lower_info(const fi_info* info) {
   uint64_t strip = FI_TRIGGER;
   if ((info->caps & FI_RMA_EVENT) && !lower_has_rma_event(low)) strip |= FI_RMA_EVENT;
   low->caps &= ~strip;
+  // The counter limit is the layer's (entry_for: compcntr's pool where the provider below
+  // states none); the provider below is asked for no particular number (shm refuses a domain
+  // whose hints ask for more counters than its own attributes say).
+  if (low->domain_attr) low->domain_attr->cntr_cnt = 0;
   if (low->tx_attr) {
     low->tx_attr->caps &= ~strip;
     low->tx_attr->op_flags &= ~FI_TRIGGER;
