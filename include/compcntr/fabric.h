@@ -5,7 +5,9 @@
  * Return conventions (fixed by the project's C API specification):
  *   - compcntr_fi_cntr_open and the fi_cntr operations return 0 or a negative libfabric error
  *     (-FI_EINVAL, -FI_EBUSY, ...), exactly like libfabric.
- *   - compcntr_fi_bridge_progress returns the number of CQ entries consumed, or -FI_E*.
+ *   - the two calls that drive the provider return what it returned, the libfabric way:
+ *     compcntr_fi_bridge_progress the number of CQ entries consumed or -FI_E*,
+ *     compcntr_fi_mirror_progress 0 or -FI_E* (-FI_EINVAL for NULL).
  *   - every other call returns 0 or a positive errno value (compcntr's C convention); the
  *     constructors return NULL and set errno. FI_E* codes equal the errno codes of the same
  *     name (FI_EINVAL == EINVAL, FI_EBUSY == EBUSY, ...).

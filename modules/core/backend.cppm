@@ -17,8 +17,8 @@
 //   * commands()     -> command_capability (compcntr:cmd_comp): the device answers asynchronous
 //                       commands itself (mlx5 DEVX); without it compcntr:cmd_comp serves them
 //                       with its software command engine, a device_service it attaches itself.
-// The defaults of the counter backend and of devices (open_backend, COMPCNTR_MAX_COUNTERS) are
-// in src/core/backend.cpp.
+// The defaults of the counter backend and of devices (COMPCNTR_MAX_COUNTERS) are in
+// src/core/backend.cpp; which backend a device name opens, in src/devices/open.cpp.
 //
 // Progress: completions that do not happen inside a compcntr call (an emulated verbs QP's CQ
 // entries) are drained by progress sources registered with the device (progress_registry).
@@ -263,13 +263,6 @@ class device_core {
   std::atomic<device_service*> services_{nullptr};  ///< newest first
 };
 
-/// Opens the backend for `name` (see compcntr::device::open). Defined in src/core/backend.cpp.
-std::unique_ptr<backend> open_backend(std::string_view name, std::error_code& ec) noexcept;
-/// The software device (src/features/soft/).
-std::unique_ptr<backend> make_soft_backend() noexcept;
-/// Opens verbs device `name`, or with an empty name the first one that opens (src/integrations/verbs/).
-/// nullptr and ENODEV (with a message naming what was found) when there is none.
-std::unique_ptr<backend> open_verbs_backend(std::string_view name, std::error_code& ec) noexcept;
 /// Pool capacity for a device being opened: COMPCNTR_MAX_COUNTERS if set (EINVAL if it is not a
 /// number in 1..slot_pool::max_capacity), else default_max_counters (src/core/backend.cpp).
 std::error_code max_counters_from_env(std::uint32_t& out) noexcept;

@@ -1,5 +1,5 @@
 // The defaults of the device seam (compcntr:backend): what a counter backend does unless it
-// overrides it, which backend a device name opens, and the pool capacity of a new device.
+// overrides it, and the pool capacity of a new device (which backend a name opens: src/devices/open.cpp).
 module;
 #include "compcntr_config.h"
 #include <cerrno>
@@ -32,19 +32,6 @@ void backend::query_values(std::span<slot* const> slots, counter_values* out) no
   }
 }
 
-std::unique_ptr<backend> open_backend(std::string_view name, std::error_code& ec) noexcept {
-  if (name == "soft") return make_soft_backend();
-  // "shm:NAME": the shared device NAME, created if absent, owner-only (docs/shared.md).
-  if (name.starts_with("shm:")) return open_shared_backend(name.substr(4), shared_create, 0600, ec);
-  if (name.empty() || name == "auto") {
-    // A native device if one opens; otherwise the software device, which always works.
-    std::error_code native_ec;
-    if (auto be = open_verbs_backend({}, native_ec)) return be;
-    return make_soft_backend();
-  }
-  return open_verbs_backend(name, ec);
-}
-
 std::error_code max_counters_from_env(std::uint32_t& out) noexcept {
   const char* env = std::getenv("COMPCNTR_MAX_COUNTERS");
   if (env == nullptr) {
@@ -59,7 +46,7 @@ std::error_code max_counters_from_env(std::uint32_t& out) noexcept {
   for (const char* p = env; ok && *p; ++p) {
     ok = *p >= '0' && *p <= '9';
     if (ok) v = v * 10 + static_cast<std::uint64_t>(*p - '0');
-    ok = ok && v <= slot_pool::max_capacity;  // also stops before v * 10 could overflow
+    ok = ok && v <= slot_pool::max_capacity; // also stops before v * 10 could overflow
   }
   if (!ok || v == 0)
     return fail(EINVAL,
@@ -70,4 +57,4 @@ std::error_code max_counters_from_env(std::uint32_t& out) noexcept {
   return {};
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

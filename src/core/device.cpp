@@ -1,5 +1,7 @@
-// Devices (compcntr:device, compcntr:backend): open, caps, counter creation, close, the
-// services higher layers attach. Backend defaults: src/core/backend.cpp.
+// Devices (compcntr:device, compcntr:backend): opening from a backend (device::from_backend),
+// shared devices, caps, counter creation, close, the services higher layers attach. Opening by
+// name (which backend a name means) is src/devices/open.cpp; backend defaults
+// src/core/backend.cpp.
 module;
 #include <atomic>
 #include <cerrno>
@@ -43,16 +45,6 @@ device_core::~device_core() {
 }
 
 }  // namespace detail
-
-device device::open(std::string_view name, std::error_code& ec) noexcept {
-  ec.clear();
-  std::unique_ptr<detail::backend> be = detail::open_backend(name, ec);
-  if (!be) {
-    if (!ec) detail::fail_into(ec, ENOMEM, "open_device: out of memory");
-    return {};
-  }
-  return from_backend(std::move(be), ec);
-}
 
 device device::open_shared(std::string_view name, std::uint32_t flags, std::uint32_t mode,
                            std::error_code& ec) noexcept {

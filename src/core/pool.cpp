@@ -13,8 +13,8 @@
 //     A slot is constructed when first handed out, so an arena's pages become resident only as
 //     its slots are used: resident pool memory is 128 B per slot ever used (plus at most one
 //     partly used page per node), not per slot reserved.
-//   * per node: a Treiber stack of free slot indices (head = 32-bit tag << 32 | index + 1, the tag
-//     defeats ABA) and a bump word (arena + 1) << 32 | next position for never-used slots of the
+//   * per node: a tagged index stack of free slot indices (src/core/tagged_index_stack.hpp; node
+//     0's shares its CAS with the pool's counts, cas_pair, when the pool is fused) and a bump word (arena + 1) << 32 | next position for never-used slots of the
 //     node's current arena.
 //
 // Placement: allocate(-1) uses the node local to the CPU the calling thread runs on (of the
@@ -54,6 +54,8 @@ module;
 #include <type_traits>
 #if defined(__x86_64__)
 #include <cpuid.h>
+
+#include "core/tagged_index_stack.hpp"
 #endif
 module compcntr;
 
@@ -67,7 +69,7 @@ std::uint32_t round_up_pow2(std::uint32_t v) noexcept {
   return p;
 }
 
-}  // namespace
+} // namespace
 
 // Whether cas_pair is lock-free here: cmpxchg16b (CPUID.01H:ECX bit 13, absent only on the
 // first x86-64 CPUs), or a target whose compiler inlines 16-byte atomics.
@@ -114,7 +116,7 @@ slot_pool::slot_pool(const pool_config& cfg) noexcept
                              : (std::uint64_t{capacity_} + arena_slots_ - 1) / arena_slots_ +
                                    static_cast<std::uint64_t>(node_count_ - 1);
   const std::uint64_t index_limit = 0xffffffffull / arena_slots_;
-  if (budget > index_limit) budget = index_limit;  // still >= ceil(capacity_ / arena_slots_)
+  if (budget > index_limit) budget = index_limit; // still >= ceil(capacity_ / arena_slots_)
   arena_budget_ = static_cast<std::uint32_t>(budget);
 
   nodes_.reset(new (std::nothrow) node_state[static_cast<std::size_t>(node_count_)]);
@@ -141,7 +143,7 @@ slot_pool::slot_pool(const pool_config& cfg) noexcept
   os_to_dense_size_ = max_os + 1;
   for (int i = 0; i < os_to_dense_size_; ++i) os_to_dense_[i] = -1;
   if (topo_nodes == 0) {
-    os_to_dense_[0] = 0;  // hwloc failed: one node, called 0
+    os_to_dense_[0] = 0; // hwloc failed: one node, called 0
     nodes_[0].os_index = 0;
   }
   for (int i = 0; i < topo_nodes; ++i) {
@@ -151,7 +153,7 @@ slot_pool::slot_pool(const pool_config& cfg) noexcept
   cpu_to_dense_size_ = max_cpu + 1;
   for (int c = 0; c < cpu_to_dense_size_; ++c) {
     const int d = numa_topology_node_of_cpu(topo_, c);
-    cpu_to_dense_[c] = static_cast<std::int16_t>(d < 0 ? 0 : d);  // CPU without a node: node 0
+    cpu_to_dense_[c] = static_cast<std::int16_t>(d < 0 ? 0 : d); // CPU without a node: node 0
   }
 }
 
@@ -168,7 +170,7 @@ slot_pool::~slot_pool() {
 int slot_pool::current_dense_node() const noexcept {
   if (node_count_ == 1) return 0;
   const int cpu = current_cpu_ ? current_cpu_() : real_current_cpu();
-  if (cpu < 0 || cpu >= cpu_to_dense_size_) return 0;  // a CPU the topology does not know
+  if (cpu < 0 || cpu >= cpu_to_dense_size_) return 0; // a CPU the topology does not know
   return cpu_to_dense_[cpu];
 }
 
@@ -197,35 +199,28 @@ bool slot_pool::reserve() noexcept {
   return true;
 }
 
+// A node's free list is a tagged index stack (src/core/tagged_index_stack.hpp: ABA, ordering)
+// linked through slot::next_free; safe on a slot popped and reused meanwhile because arenas are
+// never freed.
 slot* slot_pool::pop_free(node_state& n) noexcept {
-  std::uint64_t head = n.head->load(std::memory_order_acquire);
-  while (lo_of(head) != 0) {
-    slot* s = find(lo_of(head) - 1);
-    // Safe even if `s` was popped (and reused) by another thread meanwhile: arenas are never
-    // freed, next_free is atomic, and the tag makes the CAS fail if the head changed in any way
-    // since we read it (ABA). A 32-bit tag can only be fooled by a thread stalled between its load
-    // and its CAS while exactly a multiple of 2^32 pushes and pops hit this node.
-    const std::uint32_t next = s->next_free.load(std::memory_order_relaxed);
-    if (n.head->compare_exchange_weak(head, pack(hi_of(head) + 1, next), std::memory_order_acquire,
-                                      std::memory_order_acquire)) {
-      // The next pop will chase `next`: start its two cache misses now (a cold free list is a
-      // linked list through 128 MB for a million counters; each hop is a dependent DRAM load).
-      if (const slot* n2 = next != 0 ? find(next - 1) : nullptr) {
-        __builtin_prefetch(n2, 1, 3);
-        __builtin_prefetch(reinterpret_cast<const char*>(n2) + cache_line_size, 1, 3);
-      }
-      return s;
+  auto link = [this](std::uint32_t i) noexcept -> std::atomic<std::uint32_t>& {
+    return find(i)->next_free;
+  };
+  // The next pop will chase `next`: start its two cache misses now (a cold free list is a linked
+  // list through 128 MB for a million counters; each hop is a dependent DRAM load).
+  auto prefetch_next = [this](std::uint32_t next) noexcept {
+    if (const slot* n2 = next != 0 ? find(next - 1) : nullptr) {
+      __builtin_prefetch(n2, 1, 3);
+      __builtin_prefetch(reinterpret_cast<const char*>(n2) + cache_line_size, 1, 3);
     }
-  }
-  return nullptr;
+  };
+  const std::uint32_t top = tagged_pop(*n.head, link, prefetch_next);
+  return top != 0 ? find(top - 1) : nullptr;
 }
 
 void slot_pool::push_free(node_state& n, slot& s) noexcept {
-  std::uint64_t head = n.head->load(std::memory_order_relaxed);
-  do {
-    s.next_free.store(lo_of(head), std::memory_order_relaxed);
-  } while (!n.head->compare_exchange_weak(head, pack(hi_of(head) + 1, s.index + 1),
-                                          std::memory_order_release, std::memory_order_relaxed));
+  tagged_push(*n.head, s.index,
+              [&s](std::uint32_t) noexcept -> std::atomic<std::uint32_t>& { return s.next_free; });
 }
 
 slot* slot_pool::bump_slot(node_state& n, std::uint64_t& seen) noexcept {

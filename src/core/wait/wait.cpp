@@ -144,6 +144,28 @@ outcome poll_with(Check& check, unsigned n) noexcept {
   return pending;
 }
 
+// One block of clock_stride hot polls of a counter whose checks need nothing but loads: `pause`,
+// then test()'s two seq_cst loads (value first, so a reached threshold wins over an error) and
+// compares. The one hot poll loop: the spin waiter's fast entry and the engine's poll(n) both run
+// it. Plain (base 0, full mask: the common threshold) compares without the subtraction. The
+// goal and bounds are parameters so they live in registers across the unrolled block.
+template <bool Plain>
+[[gnu::always_inline]] inline outcome hot_block(const std::atomic<std::uint64_t>& value,
+                                                const std::atomic<std::uint64_t>& errors,
+                                                std::uint64_t base, std::uint64_t mask,
+                                                std::uint64_t goal, std::uint64_t err0) noexcept {
+#pragma clang loop unroll(full)
+  for (unsigned k = 0; k < clock_stride; ++k) {
+    cpu_relax();
+    const std::uint64_t v = value.load(std::memory_order_seq_cst);
+    if ((Plain ? v : (v - base) & mask) >= goal) [[unlikely]]
+      return {true, std::errc{}, 0};
+    if (errors.load(std::memory_order_seq_cst) != err0) [[unlikely]]
+      return {true, std::errc::io_error, 0};
+  }
+  return pending;
+}
+
 // A sleep of at most `rel` (< 0: no limit), shortened to `slice` when progress must be driven.
 nanoseconds capped(nanoseconds rel, nanoseconds slice, bool needs_progress) noexcept {
   return needs_progress && (rel.count() < 0 || rel > slice) ? slice : rel;
@@ -235,18 +257,11 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   // Checks as test(): seq_cst loads, value first, so a reached threshold wins over an error.
   if (o.spin > nanoseconds::zero() && timeout_ms != 0 && o.hook == nullptr && s.hw == nullptr &&
       base == 0 && mask == ~std::uint64_t{0} && s.owner->progress_sources().empty()) [[likely]] {
-    const std::atomic<std::uint64_t>& value = s.value;
-    const std::atomic<std::uint64_t>& errors = s.errors;
-    if (value.load(std::memory_order_seq_cst) >= need) return std::errc{};
-    if (errors.load(std::memory_order_seq_cst) != err0) return std::errc::io_error;
-#pragma clang loop unroll(full)
-    for (unsigned k = 0; k < clock_stride; ++k) {
-      cpu_relax();
-      if (value.load(std::memory_order_seq_cst) >= need) [[unlikely]]
-        return std::errc{};
-      if (errors.load(std::memory_order_seq_cst) != err0) [[unlikely]]
-        return std::errc::io_error;
-    }
+    if (s.value.load(std::memory_order_seq_cst) >= need) return std::errc{};
+    if (s.errors.load(std::memory_order_seq_cst) != err0) return std::errc::io_error;
+    if (const outcome r = hot_block<true>(s.value, s.errors, 0, ~std::uint64_t{0}, need, err0);
+        r.done)
+      return r.ec;
   }
 
   auto test = [&]() noexcept -> outcome {
@@ -272,33 +287,13 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   // threshold (base 0, full mask) has its own loop without the subtraction. Whether there is
   // something to drive is looked at again for every block of polls (a device may gain progress
   // sources while a waiter spins), one relaxed load per block.
-  const std::atomic<std::uint64_t>& value = s.value;
-  const std::atomic<std::uint64_t>& errors = s.errors;
   auto poll = [&](unsigned n) noexcept -> outcome {
     if (o.hook != nullptr || refresh != nullptr || s.striped() || !dev.progress_sources().empty() ||
         n != clock_stride) [[unlikely]]
       return poll_with(check, n);
-    const std::uint64_t b = base, m = mask, goal = need, e0 = err0; // in registers
-    if (b == 0 && m == ~std::uint64_t{0}) {
-#pragma clang loop unroll(full)
-      for (unsigned k = 0; k < clock_stride; ++k) {
-        cpu_relax();
-        if (value.load(std::memory_order_seq_cst) >= goal) [[unlikely]]
-          return {true, std::errc{}, 0};
-        if (errors.load(std::memory_order_seq_cst) != e0) [[unlikely]]
-          return {true, std::errc::io_error, 0};
-      }
-      return pending;
-    }
-#pragma clang loop unroll(full)
-    for (unsigned k = 0; k < clock_stride; ++k) {
-      cpu_relax();
-      if (((value.load(std::memory_order_seq_cst) - b) & m) >= goal) [[unlikely]]
-        return {true, std::errc{}, 0};
-      if (errors.load(std::memory_order_seq_cst) != e0) [[unlikely]]
-        return {true, std::errc::io_error, 0};
-    }
-    return pending;
+    if (base == 0 && mask == ~std::uint64_t{0})
+      return hot_block<true>(s.value, s.errors, 0, mask, need, err0);
+    return hot_block<false>(s.value, s.errors, base, mask, need, err0);
   };
   auto sleep = [&](nanoseconds rel, nanoseconds slice) noexcept -> outcome {
     if (shared) [[unlikely]]

@@ -21,6 +21,7 @@ module;
 #include <system_error>
 #include <thread>
 #include <unistd.h>
+#include "core/tagged_index_stack.hpp"
 #include "core/wait/futex.hpp"
 module compcntr;
 

@@ -29,7 +29,7 @@
 // * Back-pressure: `outstanding` counts accepted queries until their response is popped; a CAS
 //   loop admits a query only if it stays <= max_outstanding_queries (1 MiB of out_data). Nodes
 //   come from a fixed arena of exactly that many, allocated lazily page by page (mmap), with a
-//   tagged lock-free free list: a node is freed before `outstanding` drops, so an admitted
+//   lock-free free list (a tagged index stack, src/core/tagged_index_stack.hpp): a node is freed before `outstanding` drops, so an admitted
 //   query always finds one.
 #ifndef COMPCNTR_SRC_CMD_COMP_ENGINE_HPP
 #define COMPCNTR_SRC_CMD_COMP_ENGINE_HPP
@@ -40,11 +40,11 @@ namespace compcntr::detail {
 
 /// One query from issue to get. Lives in its cmd_comp's node_arena.
 struct query_node {
-  query_node* next = nullptr;             ///< chain link; written only by the node's holder
-  std::atomic<std::uint32_t> free_next{0};///< free-list link (index + 1, 0 = end)
-  std::uint32_t index = 0;                ///< position in the arena
+  query_node* next = nullptr; ///< chain link; written only by the node's holder
+  std::atomic<std::uint32_t> free_next{0}; ///< free-list link (index + 1, 0 = end)
+  std::uint32_t index = 0; ///< position in the arena
   std::uint64_t wr_id = 0;
-  slot* s = nullptr;                      ///< pinned from issue until answered
+  slot* s = nullptr; ///< pinned from issue until answered
   counter_values values;
 };
 
@@ -53,7 +53,7 @@ static_assert(sizeof(query_node) == 48, "3 MiB of address space per cmd_comp");
 /// max_outstanding_queries nodes in one anonymous mapping: pages become resident only when a
 /// node on them is first used, so an idle cmd_comp costs a few KiB, a full one 3 MiB.
 /// Requirements: at most capacity nodes live (guaranteed by cmd_comp admission).
-/// Guarantees: alloc/free are lock-free (tagged Treiber stack of indices + bump index).
+/// Guarantees: alloc/free are lock-free (tagged index stack + bump index).
 class node_arena {
  public:
   static constexpr std::uint32_t capacity = max_outstanding_queries;
@@ -66,7 +66,7 @@ class node_arena {
     return true;
   }
   ~node_arena() {
-    if (nodes_) ::munmap(nodes_, bytes());  // query_node is trivially destructible
+    if (nodes_) ::munmap(nodes_, bytes()); // query_node is trivially destructible
   }
 
   /// A free node. Spins only while another thread is returning the node admission promised.
@@ -85,30 +85,23 @@ class node_arena {
     }
   }
 
-  /// Memory ordering: release CAS, so the next owner (acquire in pop_free) sees this one's writes.
-  void free(query_node* n) noexcept {
-    std::uint64_t head = head_.load(std::memory_order_relaxed);
-    do {
-      n->free_next.store(static_cast<std::uint32_t>(head), std::memory_order_relaxed);
-    } while (!head_.compare_exchange_weak(head, next_tag(head) | (n->index + 1),
-                                          std::memory_order_release, std::memory_order_relaxed));
-  }
+  /// Memory ordering: release (tagged_push), so the next owner (acquire in pop_free) sees this
+  /// one's writes.
+  void free(query_node* n) noexcept { tagged_push(head_, n->index, link()); }
 
  private:
   static constexpr std::size_t bytes() noexcept { return sizeof(query_node) * capacity; }
-  static std::uint64_t next_tag(std::uint64_t head) noexcept { return ((head >> 32) + 1) << 32; }
-  query_node* pop_free() noexcept {
-    std::uint64_t head = head_.load(std::memory_order_acquire);
-    while (static_cast<std::uint32_t>(head) != 0) {
-      query_node* n = &nodes_[static_cast<std::uint32_t>(head) - 1];
-      // n may be popped and reused concurrently: free_next is atomic and the tag makes our CAS
-      // fail if the head changed in any way since we read it (ABA).
-      const std::uint32_t next = n->free_next.load(std::memory_order_relaxed);
-      if (head_.compare_exchange_weak(head, next_tag(head) | next, std::memory_order_acquire,
-                                      std::memory_order_acquire))
-        return n;
+  /// The free list's link of node i (the arena is mapped for the cmd_comp's whole life).
+  struct free_link {
+    query_node* nodes;
+    std::atomic<std::uint32_t>& operator()(std::uint32_t i) const noexcept {
+      return nodes[i].free_next;
     }
-    return nullptr;
+  };
+  free_link link() const noexcept { return {nodes_}; }
+  query_node* pop_free() noexcept {
+    const std::uint32_t top = tagged_pop(head_, link());
+    return top != 0 ? &nodes_[top - 1] : nullptr;
   }
 
   query_node* nodes_ = nullptr;

@@ -497,3 +497,25 @@ TEST_CASE("fi_cntr_wait begun before its counter was bound to a bridge drives th
   CHECK(compcntr_fi_bridge_close(bb) == 0);
   CHECK(fi_close(&sent->fid) == 0);
 }
+
+// Defect 5c: compcntr_destroy_comp_cntr on the counter behind an adapter fid_cntr succeeded and
+// the later fi_close crashed (use after free). Now EBUSY, as for a credit tracker's counters.
+TEST_CASE(
+    "defect 5: destroy_comp_cntr of an adapter-owned counter is EBUSY; fi_close still works") {
+  compcntr_device* d = compcntr_open_device("soft");
+  REQUIRE(d != nullptr);
+  fi_cntr_attr attr{};
+  attr.events = FI_CNTR_EVENTS_COMP;
+  attr.wait_obj = FI_WAIT_UNSPEC;
+  fid_cntr* cn = nullptr;
+  REQUIRE(compcntr_fi_cntr_open(d, &attr, &cn, nullptr) == 0);
+  compcntr_comp_cntr* cc = compcntr_fi_cntr_comp_cntr(cn);
+  REQUIRE(cc != nullptr);
+  CHECK(compcntr_destroy_comp_cntr(cc) == EBUSY);
+  CHECK(std::string(compcntr_last_error_message()).find("fi_close") != std::string::npos);
+  CHECK(compcntr_inc_comp_cntr(cc, 4) == 0); // still usable, through both APIs
+  CHECK(fi_cntr_read(cn) == 4);
+  CHECK(compcntr_close_device(d) == EBUSY);
+  CHECK(fi_close(&cn->fid) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
