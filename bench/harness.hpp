@@ -1,10 +1,10 @@
 // compcntr_bench harness: the row registry, the measurement loop and the report types.
 //
-// Purpose: every performance target ("P1" ... "P10", restated in bench/README.md) is a *row*: one source
-// file under bench/rows/ that registers itself with COMPCNTR_BENCH_ROW and, when run, measures
-// compcntr and its references side by side and adds table lines (`check`s) to the report. The
-// harness (this file, harness.cpp, output.cpp, main.cpp) knows nothing about any row: adding P4 is
-// one new file plus one line in bench/rows/meson.build.
+// Purpose: every performance target ("P1", "P2", ..., "C1": bench/README.md, "The rows") is a
+// *row*: one source file under bench/rows/ that registers itself with COMPCNTR_BENCH_ROW and,
+// when run, measures compcntr and its references side by side and adds table lines (`check`s)
+// to the report. The harness (this file, harness.cpp, output.cpp, main.cpp) knows nothing about
+// any row: adding P4 is one new file plus one line in bench/rows/meson.build.
 //
 // How a row measures (see context::measure):
 //   * a `variant` is one thing being timed (compcntr's call or a reference). Its run(n) performs n

@@ -141,7 +141,8 @@ ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge *br);
  * and ignores its result. Use it as the progress hook of a wait so the waiter drives the CQ:
  *     struct compcntr_wait_attr wa = { .progress = compcntr_fi_bridge_progress_fn, .progress_ctx = br };
  *     compcntr_wait_comp_cntr_ex(cc, n, 1000, &wa);
- * (C++: compcntr::wait_options{.progress = compcntr_fi_bridge_progress_fn, .progress_ctx = br}) */
+ * (C++: compcntr::fabric::progress_options(br), or
+ * compcntr::wait_options{.hook = compcntr_fi_bridge_progress_fn, .hook_ctx = br}) */
 void compcntr_fi_bridge_progress_fn(void *br);
 
 /* What a bridge has consumed since it was opened. */

@@ -2,7 +2,7 @@
 // (0, finite, forever), exact EIO-once semantics (also among concurrent quiets), wrap-around,
 // wait hooks, counters fed by real loopback RDMA writes, bad input, the counter kept alive,
 // and issuers racing with quiet (run under ThreadSanitizer in CI). The C API is tested in
-// tests/c_api/tracker/.
+// tests/c_api/tracker_c_api_test.cpp.
 #include <doctest/doctest.h>
 
 #include <atomic>

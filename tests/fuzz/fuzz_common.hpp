@@ -1,5 +1,6 @@
-// Shared pieces of the fuzz harnesses (tests/fuzz/README.md): the input decoder, the operation
-// trace printed when the library and the reference model disagree, and the checks.
+// Shared pieces of the fuzz harnesses (docs/reliability.md, "Fuzzing against a reference
+// model"): the input decoder, the operation trace printed when the library and the reference
+// model disagree, and the checks.
 //
 // Every harness decodes its input into a sequence of C API calls, makes each call on the
 // library and on a small reference model written from the spec (/work/shared/spec/semantics.md,

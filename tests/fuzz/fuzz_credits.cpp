@@ -22,7 +22,7 @@ fuzz::shared_device devices[ndev];
 // and docs/credits.md says 2^62 itself is allowed.
 constexpr std::uint64_t max_credits = std::uint64_t{1} << 62;
 // Issue 15 defect 5: the library refused 2^62 (its limit was 2^62 - 1); fixed, so the harness
-// asks for exactly 2^62 too (tests/defects has the regression test).
+// asks for exactly 2^62 too (the regression test: tests/c_api/c_api_regressions_test.cpp).
 constexpr bool credits_2_62_fixed = true;
 
 struct peer {
