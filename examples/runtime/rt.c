@@ -357,6 +357,7 @@ static int send_credits(struct rt *rt)
 			compcntr_inc_comp_cntr(p->shm_credit,
 			                       p->owed); /* wakes a waiting acquire */
 			p->owed = 0;
+			rt->st.credit_incs++;
 			sent++;
 			continue;
 		}
@@ -758,6 +759,13 @@ struct rt *rt_open(const struct rt_opts *o)
 	MPI_Comm node = MPI_COMM_NULL;
 	if (opt->node_shm)
 		MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+	if (node != MPI_COMM_NULL && opt->ranks_per_node > 0) { /* simulated nodes of K ranks */
+		int nr;
+		MPI_Comm host = node;
+		MPI_Comm_rank(host, &nr);
+		MPI_Comm_split(host, nr / opt->ranks_per_node, nr, &node);
+		MPI_Comm_free(&host);
+	}
 	if (node != MPI_COMM_NULL && open_node_device(rt, node))
 		return NULL;
 	struct compcntr_device *cdev = rt->sdev ? rt->sdev : rt->dev; /* the credit counters' */
@@ -1250,6 +1258,8 @@ int rt_finish(struct rt *rt, struct rt_stats *st)
 			if (!(rt->peers[s].seen[k / 8] & (1u << (k % 8))))
 				rt->st.missing++;
 		rt->st.credits_returned += rt->peers[s].returned;
+		if (rt->peers[s].shm_credit)
+			rt->st.credits_shm += rt->peers[s].returned;
 		rt->st.credits_got += read_cc(rt->cc_credit[s]); /* by message or shared counter */
 	}
 	/* checksums: what each source sent me (its sum_to[me]) against what I received */
@@ -1442,9 +1452,12 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 	       "   acquires that had to wait for credits; cc: compcntr's counters; provider: "
 	       "libfabric's fid_cntr)\n");
 	for (int r = 0; r < nranks; r++)
-		printf("  rank %d peers: %u local (credits by shared counters), %u remote (credits "
-		       "by libfabric messages)\n",
-		       all[r].rank, all[r].local_peers, all[r].remote_peers);
+		printf("  rank %d peers: %u local (%" PRIu64 " credits returned by %" PRIu64
+		       " shared-counter increments), %u remote (%" PRIu64 " credits by %" PRIu64
+		       " libfabric messages)\n",
+		       all[r].rank, all[r].local_peers, all[r].credits_shm, all[r].credit_incs,
+		       all[r].remote_peers, all[r].credits_returned - all[r].credits_shm,
+		       all[r].credit_msgs_sent);
 	putchar('\n');
 	int ok = 1, c;
 	c = sent == expected && received == expected && bad == 0 && dup == 0 && missing == 0 &&

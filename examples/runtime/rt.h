@@ -37,6 +37,7 @@ struct rt_opts {
 	uint32_t batch;         /* credits returned per credit message (0: window / 4, >= 1) */
 	int flow; /* 1: credit flow control; 0: none (the reference: senders never wait) */
 	int node_shm; /* 1 (default): credits between ranks of one node by shared counters */
+	int ranks_per_node; /* > 0: a node is K ranks of a host (local and remote peers on one) */
 	uint64_t writes; /* RMA writes to every other rank */
 	uint32_t wsize; /* bytes per RMA write */
 	uint32_t rma_batch; /* writes per peer between two quiets */
@@ -90,6 +91,8 @@ struct rt_stats {
 	double rma_seconds;
 	double quiet_us_max; /* longest single quiet */
 	uint32_t local_peers, remote_peers; /* credits by shared counters / by libfabric */
+	uint64_t credits_shm, credit_incs; /* credits returned into local peers' counters, and
+	                                    * the increments that did it */
 };
 
 struct rt; /* opaque engine */

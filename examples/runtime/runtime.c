@@ -39,6 +39,9 @@ static void usage(FILE *f)
 	        "credits\n"
 	        "  --no-node-shm      credits by libfabric messages between ranks of one node "
 	        "too\n"
+	        "  --ranks-per-node K treat every K ranks of a host as a node of their own (try "
+	        "local and\n"
+	        "                     remote peers on one host)\n"
 	        "  --writes N         RMA writes to every other rank (default 256)\n"
 	        "  --wsize B          bytes per RMA write (default 64)\n"
 	        "  --rma-batch N      writes per peer between two quiets (default 32)\n"
@@ -115,7 +118,10 @@ int main(int argc, char **argv)
 			o.flow = 0;
 		else if (!strcmp(a, "--no-node-shm"))
 			o.node_shm = 0;
-		else if (!strcmp(a, "--writes")) {
+		else if (!strcmp(a, "--ranks-per-node")) {
+			VAL();
+			o.ranks_per_node = atoi(v);
+		} else if (!strcmp(a, "--writes")) {
 			VAL();
 			o.writes = strtoull(v, NULL, 0);
 		} else if (!strcmp(a, "--wsize")) {

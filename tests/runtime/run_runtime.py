@@ -4,7 +4,8 @@
 usage: run_runtime.py MPIRUN PROGRAM NP EXPECT [program args...]
   EXPECT  pass            exit 0, every check line PASS, the exact message and write totals,
                           every rank's local / remote peer counts (all peers local on one
-                          node, np/2 - 1 + np/2 on two hosts, 0 local with --no-node-shm),
+                          node, np/2 - 1 + np/2 on two hosts, K - 1 + np - K with
+                          --ranks-per-node K, 0 local with --no-node-shm),
                           "runtime: all checks passed"
           pass:longer=S   the same, for a run meant to outlast S seconds (a watchdog shorter
                           than the run); a run that was over sooner exercised nothing and is
@@ -278,18 +279,28 @@ def run(mpirun, prog, np_, expect, args, limit, two):
         # by libfabric messages (--no-node-shm: all by messages; two hosts: np/2 ranks each)
         if '--no-node-shm' in args:
             want_local = 0
+        elif '--ranks-per-node' in args:   # simulated nodes of K ranks (np a multiple of K)
+            want_local = arg_value(args, '--ranks-per-node', 0) - 1
         elif two is not None:
             want_local = np_ // 2 - 1
         else:
             want_local = np_ - 1
-        peers = re.findall(r'^  rank (\d+) peers: (\d+) local \(credits by shared counters\), '
-                           r'(\d+) remote \(credits by libfabric messages\)$', out, re.M)
+        peers = re.findall(r'^  rank (\d+) peers: (\d+) local \((\d+) credits returned by '
+                           r'(\d+) shared-counter increments\), (\d+) remote \((\d+) credits '
+                           r'by (\d+) libfabric messages\)$', out, re.M)
         if len(peers) != np_:
             problems.append(f'{len(peers)} per-rank peer lines, expected {np_}')
-        for r, loc, rem in peers:
+        for r, loc, cl, incs, rem, cr, cmsgs in peers:
             if (int(loc), int(rem)) != (want_local, np_ - 1 - want_local):
                 problems.append(f'rank {r}: {loc} local + {rem} remote peers, expected '
                                 f'{want_local} + {np_ - 1 - want_local}')
+            # every message received is a credit returned: its peer's kind says how
+            if flow and (int(cl), int(cr)) != (msgs * int(loc), msgs * int(rem)):
+                problems.append(f'rank {r}: credits {cl} by shared counters + {cr} by messages, '
+                                f'expected {msgs * int(loc)} + {msgs * int(rem)}')
+            if flow and ((int(incs) > 0) != (int(loc) > 0) or (int(cmsgs) > 0) != (int(rem) > 0)):
+                problems.append(f'rank {r}: {incs} increments / {cmsgs} credit messages for '
+                                f'{loc} local / {rem} remote peers')
         if 'runtime: all checks passed' not in out:
             problems.append('no "runtime: all checks passed" line')
     elif expect.startswith('fail:'):
