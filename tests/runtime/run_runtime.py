@@ -199,6 +199,8 @@ def run(mpirun, prog, np_, expect, args, limit, two):
         cmd = ['ip', 'netns', 'exec', two.ns[0], mpirun, '--hostfile', hosts,
                '--mca', 'plm_rsh_agent', agent, '--mca', 'oob_tcp_if_include', 'ccnet0',
                '--mca', 'btl_tcp_if_include', 'ccnet0', '-x', 'FI_TCP_IFACE=ccnet0']
+        # libfabric's logging, when asked for, reaches the ranks of the second host too
+        cmd += [a for v in ('FI_LOG_LEVEL', 'FI_LOG_PROV') if v in os.environ for a in ('-x', v)]
     else:
         cmd = [mpirun]
     if os.geteuid() == 0:
