@@ -1,5 +1,6 @@
-// ./dev demo: what compcntr does, shown on the software device, then (built with libfabric) on
-// real libfabric loopback traffic (demo_fabric.cpp).
+// ./dev demo: what compcntr does, shown on the software device, across two processes on a shared
+// device (demo_shared.cpp), then (built with libfabric) on real libfabric loopback traffic
+// (demo_fabric.cpp).
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -141,6 +142,7 @@ void loopback_traffic() {
 }  // namespace
 
 void runtime_demo(compcntr::device& dev);  // demo_runtime.cpp
+void shared_demo();                        // demo_shared.cpp
 
 // Triggered operations (docs/trigger.md): actions armed on a counter and a threshold.
 void trigger_demo(compcntr::device& dev) {
@@ -237,6 +239,7 @@ int main() {
   std::printf("  device still open: %s, live counters: %u\n", dev ? "yes" : "no",
               dev.live_counters());
 
+  shared_demo();  // forks: before any other thread of this process starts
   trigger_demo(dev);
   loopback_traffic();
   runtime_demo(dev);

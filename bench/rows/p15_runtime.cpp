@@ -6,9 +6,10 @@
 //
 // The measurement runs in an MPI program (bench/runtime/runtime_bench.c, built on
 // examples/runtime's engine) that this row launches with mpirun, 2 ranks on this host
-// (127.0.0.1), twice: once with `--mca pml ob1 --mca btl tcp,self` (every libfabric variant and
-// the MPI-over-TCP windows, interleaved on the same ranks), once with Open MPI's defaults (the
-// MPI windows only). Its "sample" lines become this row's results (--reps samples each).
+// (127.0.0.1), with every credit returned by a libfabric message (--no-node-shm: the two ranks
+// share a node, and P19 measures their credits through shared counters), twice: once with
+// `--mca pml ob1 --mca btl tcp,self` (every libfabric variant and the MPI-over-TCP windows,
+// interleaved on the same ranks), once with Open MPI's defaults (the MPI windows only). Its "sample" lines become this row's results (--reps samples each).
 //
 // Messages: 64 bytes, 20,000 per pair per sample (500 with --smoke), a window of 1024 receive
 // buffers per source, credits returned in batches of 128; information: the same with a window
@@ -18,102 +19,24 @@
 // CPU time of both ranks per message (the cost, robust on a shared machine: a waiting rank
 // yields its core) for the target line, and wall time of the slowest rank (the delivered rate,
 // information). quiet: wall time per write, 200 writes per sample (20 with --smoke).
-#include <sched.h>
-#include <unistd.h>
-
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "../harness.hpp"
+#include "mpi_rows.hpp"
 
 namespace {
 
 using bench::goal;
 using bench::result;
-
-struct mpi_run {
-  std::map<std::string, std::vector<double>> samples;
-  std::map<std::string, std::string> info;
-  std::string why; ///< non-empty: the run failed, and how
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
+using bench::mpi_rows::make;
+using bench::mpi_rows::mpi_run;
 #if defined(COMPCNTR_BENCH_RUNTIME_PROG) && !defined(COMPCNTR_BENCH_SANITIZED)
-// Runs the MPI program through mpirun with `mpi_args` before -np and `args` after the program,
-// with this thread's CPU affinity widened to every allowed CPU first (the bench pins itself to
-// one CPU; the ranks would inherit that).
-mpi_run run_mpi(const std::vector<std::string>& mpi_args, const std::vector<std::string>& args) {
-  mpi_run out;
-  std::string cmd = quote(COMPCNTR_BENCH_MPIRUN);
-  if (::geteuid() == 0) cmd += " --allow-run-as-root";
-  cmd += " --oversubscribe --bind-to none";
-  for (const auto& a : mpi_args) cmd += " " + quote(a);
-  cmd += " -np 2 " + quote(COMPCNTR_BENCH_RUNTIME_PROG);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " 2>&1";
-  cpu_set_t saved, all;
-  ::sched_getaffinity(0, sizeof saved, &saved);
-  CPU_ZERO(&all);
-  for (int c : bench::allowed_cpus()) CPU_SET(c, &all);
-  ::sched_setaffinity(0, sizeof all, &all);
-  ::setenv("OMPI_MCA_btl_base_warn_component_unused", "0", 1);
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  std::string text;
-  if (p) {
-    char line[8192];
-    while (std::fgets(line, sizeof line, p)) {
-      text += line;
-      std::istringstream in(line);
-      std::string kind, name;
-      in >> kind >> name;
-      if (kind == "sample") {
-        double v;
-        while (in >> v) out.samples[name].push_back(v);
-      } else if (kind == "info") {
-        const auto eq = name.find('=');
-        if (eq != std::string::npos) out.info[name.substr(0, eq)] = name.substr(eq + 1);
-      }
-    }
-  }
-  const int st = p ? ::pclose(p) : -1;
-  ::sched_setaffinity(0, sizeof saved, &saved);
-  if (st != 0) {
-    // The program's own words, shortened: what failed and where.
-    std::string tail = text.size() > 600 ? text.substr(text.size() - 600) : text;
-    for (char& c : tail)
-      if (c == '\n') c = ' ';
-    out.why = "mpirun exited with status " + std::to_string(st) + ": " + tail;
-  }
-  return out;
-}
+using bench::mpi_rows::run_mpi;
 #endif
-
-result make(const mpi_run& r, const std::string& key, const std::string& name,
-            const std::string& unit, std::uint64_t n, const std::string& clock, std::size_t reps) {
-  if (!r.why.empty()) return result::unavailable(name, r.why, unit);
-  auto it = r.samples.find(key);
-  if (it == r.samples.end() || it->second.size() != reps)
-    return result::unavailable(
-        name, "the MPI program printed no (or too few) '" + key + "' samples", unit);
-  result x;
-  x.name = name;
-  x.unit = unit;
-  x.n = n;
-  x.st = bench::summarize(it->second);
-  x.notes["clock"] = clock;
-  for (const auto& [k, v] : r.info) x.notes[k] = v;
-  return x;
-}
 
 void run(bench::context& ctx) {
   const bool smoke = ctx.opt.smoke;
@@ -130,12 +53,13 @@ void run(bench::context& ctx) {
   tcp.why = sm.why = std::string("sanitizer build (") + COMPCNTR_BENCH_SANITIZED +
                      "): Open MPI and libfabric are not instrumented; measured by ./dev bench";
 #else
-  const std::vector<std::string> args = {"--reps",   std::to_string(reps),
-                                         "--msgs",   std::to_string(msgs),
-                                         "--writes", std::to_string(writes),
-                                         "--window", "1024",
-                                         "--batch",  "128",
-                                         "--addr",   "127.0.0.1"};
+  const std::vector<std::string> args = {"--reps",       std::to_string(reps),
+                                         "--msgs",       std::to_string(msgs),
+                                         "--writes",     std::to_string(writes),
+                                         "--window",     "1024",
+                                         "--batch",      "128",
+                                         "--addr",       "127.0.0.1",
+                                         "--no-node-shm"};  // credits by messages (P19: not)
   std::vector<std::string> tcp_args = args;
   tcp_args.insert(tcp_args.end(), {"--small-window", "64"});
   tcp = run_mpi({"--mca", "pml", "ob1", "--mca", "btl", "tcp,self"}, tcp_args);

@@ -3,7 +3,11 @@
  * the same job, samples interleaved (the order alternates per repetition):
  *
  *   credits   messages from every rank to every other rank over libfabric (examples/runtime's
- *             engine), compcntr credit flow control, credits returned by the receivers
+ *             engine), compcntr credit flow control, credits returned by the receivers: into
+ *             the sender's shared counter when the two share a node (rows P19), by libfabric
+ *             messages otherwise or with --no-node-shm (row P15)
+ *   msgcredits  (--msg-credits) the same as credits with every credit returned by a libfabric
+ *             message (--no-node-shm's way), in the same job: what the shared counters save
  *   noflow    the same traffic without flow control (no credits, no acquire; the receivers
  *             repost the same window and what finds no buffer waits in the provider)
  *   mpi       the same exchange with MPI_Isend/MPI_Irecv windows of the same size (osu_mbw_mr
@@ -106,7 +110,7 @@ int main(int argc, char **argv)
 	o.rma_batch = 64;
 	o.timeout_ms = 30000;
 	o.quiet_output = 1;
-	int reps = 7, mpi_only = 0, writes_per_sample = 200;
+	int reps = 7, mpi_only = 0, writes_per_sample = 200, msg_credits = 0;
 	uint32_t small_window =
 	        0;  /* > 0: also credits with this window (the latency-bound regime) */
 	for (int i = 1; i < argc; i++) {
@@ -131,6 +135,10 @@ int main(int argc, char **argv)
 			o.provider = v, i++;
 		else if (!strcmp(a, "--mpi-only"))
 			mpi_only = 1;
+		else if (!strcmp(a, "--no-node-shm"))
+			o.node_shm = 0;
+		else if (!strcmp(a, "--msg-credits"))
+			msg_credits = 1;
 		else if (!strcmp(a, "--small-window"))
 			small_window = (uint32_t)strtoul(v, NULL, 0), i++;
 		else {
@@ -156,16 +164,17 @@ int main(int argc, char **argv)
 	double *ccw = calloc((size_t)reps, sizeof *ccw), *nfw = calloc((size_t)reps, sizeof *nfw);
 	double *mpw = calloc((size_t)reps, sizeof *mpw);
 	double *sw = calloc((size_t)reps, sizeof *sw), *sww = calloc((size_t)reps, sizeof *sww);
+	double *mc = calloc((size_t)reps, sizeof *mc), *mcw = calloc((size_t)reps, sizeof *mcw);
 	const double all_msgs = (double)o.msgs * size * (size - 1);
 	double cpu = 0;
 	char *sbuf = calloc((size_t)size * o.window, o.size),
 	     *rbuf = calloc((size_t)size * o.window, o.size);
 	MPI_Request *reqs = calloc(2 * (size_t)size * o.window, sizeof *reqs);
-	if (!cc || !nf || !mp || !qt || !cw || !ccw || !nfw || !mpw || !sw || !sww || !sbuf ||
-	    !rbuf || !reqs)
+	if (!cc || !nf || !mp || !qt || !cw || !ccw || !nfw || !mpw || !sw || !sww || !mc || !mcw ||
+	    !sbuf || !rbuf || !reqs)
 		MPI_Abort(MPI_COMM_WORLD, 2);
 
-	struct rt *rtc = NULL, *rtn = NULL, *rts = NULL;
+	struct rt *rtc = NULL, *rtn = NULL, *rts = NULL, *rtm = NULL;
 	if (!mpi_only) {
 		struct rt_opts on = o;
 		on.flow = 0;
@@ -184,11 +193,18 @@ int main(int argc, char **argv)
 			if (!rts || rt_messages(rts))
 				MPI_Abort(MPI_COMM_WORLD, 2);
 		}
+		if (msg_credits) {
+			struct rt_opts om = o;
+			om.node_shm = 0;
+			rtm = rt_open(&om);
+			if (!rtm || rt_messages(rtm))
+				MPI_Abort(MPI_COMM_WORLD, 2);
+		}
 	}
 	mpi_exchange(o.msgs, o.size, o.window, sbuf, rbuf, reqs, &cpu);
 	for (int r = 0; r < reps; r++) {
-		for (int step = 0; step < 4; step++) {
-			const int which = (step + r) % 4;  /* rotate the order per repetition */
+		for (int step = 0; step < 5; step++) {
+			const int which = (step + r) % 5;  /* rotate the order per repetition */
 			if (which == 0 && !mpi_only) {
 				if (rt_next_round(rtc) || rt_messages(rtc))
 					MPI_Abort(MPI_COMM_WORLD, 2);
@@ -207,6 +223,12 @@ int main(int argc, char **argv)
 				sww[r] = slowest(rt_stats_of(rts)->msg_seconds) * 1e9 /
 				         per_rank_msgs;
 				sw[r] = total(rt_stats_of(rts)->msg_cpu_seconds) * 1e9 / all_msgs;
+			} else if (which == 4 && rtm) {
+				if (rt_next_round(rtm) || rt_messages(rtm))
+					MPI_Abort(MPI_COMM_WORLD, 2);
+				mcw[r] = slowest(rt_stats_of(rtm)->msg_seconds) * 1e9 /
+				         per_rank_msgs;
+				mc[r] = total(rt_stats_of(rtm)->msg_cpu_seconds) * 1e9 / all_msgs;
 			} else if (which == 2) {
 				mpw[r] = slowest(mpi_exchange(o.msgs, o.size, o.window, sbuf, rbuf,
 				                              reqs, &cpu)) *
@@ -235,27 +257,37 @@ int main(int argc, char **argv)
 	if (!mpi_only) {
 		/* The checks of the last round of each variant, and compcntr's counts against the
 		 * provider's over everything this job did. */
-		struct rt_stats sc, sn;
-		if (rt_finish(rtc, &sc) || rt_finish(rtn, &sn))
+		struct rt_stats sc, sn, sm;
+		memset(&sm, 0, sizeof sm);
+		if (rt_finish(rtc, &sc) || rt_finish(rtn, &sn) || (rtm && rt_finish(rtm, &sm)))
 			MPI_Abort(MPI_COMM_WORLD, 2);
 		uint64_t mine[4] = {
 			(sc.cc_sends != sc.pv_sends) + (sc.cc_recvs != sc.pv_recvs) +
 			        (sc.cc_writes != sc.pv_writes) + (sn.cc_sends != sn.pv_sends) +
-			        (sn.cc_recvs != sn.pv_recvs),
-			sc.credit_violations + sc.inflight_violations,
+			        (sn.cc_recvs != sn.pv_recvs) + (sm.cc_sends != sm.pv_sends) +
+			        (sm.cc_recvs != sm.pv_recvs) +
+			        (sc.credits_returned != sc.credits_got) +
+			        (sm.credits_returned != sm.credits_got),
+			sc.credit_violations + sc.inflight_violations + sm.credit_violations +
+			        sm.inflight_violations,
 			sc.bad_payload + sc.duplicates + sc.missing + sn.bad_payload +
-			        sn.duplicates + sn.missing,
+			        sn.duplicates + sn.missing + sm.bad_payload + sm.duplicates +
+			        sm.missing,
 			sc.max_inflight,
 		};
 		uint64_t sum[4];
 		MPI_Reduce(mine, sum, 3, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
 		MPI_Reduce(&mine[3], &sum[3], 1, MPI_UINT64_T, MPI_MAX, 0, MPI_COMM_WORLD);
+		/* how the credits went: ranks that returned credits through shared counters */
+		int shm_ranks = 0, with_local = sc.credits_shm > 0;
+		MPI_Reduce(&with_local, &shm_ranks, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
 		if (rank == 0) {
 			printf("info provider=%s\n", rt_provider(rtc));
 			printf("info counts_differing=%" PRIu64 "\n", sum[0]);
 			printf("info credit_violations=%" PRIu64 "\n", sum[1]);
 			printf("info delivery_errors=%" PRIu64 "\n", sum[2]);
 			printf("info max_inflight=%" PRIu64 "\n", sum[3]);
+			printf("info shm_credit_ranks=%d\n", shm_ranks);
 			rc = sum[0] || sum[1] || sum[2];
 		}
 	}
@@ -272,6 +304,10 @@ int main(int argc, char **argv)
 				print_samples("credits_small", sw, reps);
 				print_samples("credits_small_wall", sww, reps);
 			}
+			if (rtm) {
+				print_samples("msgcredits", mc, reps);
+				print_samples("msgcredits_wall", mcw, reps);
+			}
 			print_samples("quiet", qt, reps);
 			print_samples("cntrwait", cw, reps);
 		}
@@ -283,8 +319,9 @@ int main(int argc, char **argv)
 	rt_close(rtc);
 	rt_close(rtn);
 	rt_close(rts);
-	free(sw), free(sww), free(ccw), free(nfw), free(mpw), free(cc), free(nf), free(mp),
-	        free(qt), free(cw), free(sbuf), free(rbuf), free(reqs);
+	rt_close(rtm);
+	free(mc), free(mcw), free(sw), free(sww), free(ccw), free(nfw), free(mpw), free(cc),
+	        free(nf), free(mp), free(qt), free(cw), free(sbuf), free(rbuf), free(reqs);
 	MPI_Finalize();
 	return rc;
 }

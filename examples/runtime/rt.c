@@ -9,10 +9,14 @@
  *   cc_recvs   counted by this rank's progress for every entry it reads from the receive CQ
  *              (data and credit messages; error entries as errors).
  *   cc_credit[p]  credits rank p returned: its credit messages' CQ data, added by the
- *              progress function. The credit tracker adopted these counters, one window per
- *              peer: acquire(p) is admitted while sent - returned < window(p).
+ *              progress function, or, if p shares this node, added by p itself (the counters
+ *              then live on the node's shared device and p resolved its one by id). The
+ *              credit tracker adopted these counters, one window per peer: acquire(p) is
+ *              admitted while sent - returned < window(p).
  *   pv_*       the provider's own fid_cntr counters bound to the endpoint (FI_SEND, FI_RECV,
- *              FI_WRITE): compcntr's counts must equal them at the end.
+ *              FI_WRITE): compcntr's counts must equal them at the end. Credits through shared
+ *              counters are no libfabric traffic: they are checked as credits returned (by
+ *              the receivers) = credits counted (by the senders' counters).
  */
 #define _GNU_SOURCE
 #include "rt.h"
@@ -33,6 +37,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +62,7 @@ void rt_default_opts(struct rt_opts *o)
 	o->size = 64;
 	o->window = 16;
 	o->flow = 1;
+	o->node_shm = 1;
 	o->writes = 256;
 	o->wsize = 64;
 	o->rma_batch = 32;
@@ -99,6 +105,7 @@ struct peer {
 	struct fi_context *cctx;      /* one per credit message */
 	uint64_t ncctx;
 	uint64_t got;                 /* credits it returned to me */
+	struct compcntr_comp_cntr *shm_credit; /* on my node: its counter of my credits */
 };
 
 struct live_msg {
@@ -123,6 +130,8 @@ struct rt {
 	struct peer *peers;
 	/* compcntr */
 	struct compcntr_device *dev;
+	struct compcntr_device
+	        *sdev; /* shared by this node's ranks (NULL: none or --no-node-shm) */
 	struct compcntr_comp_cntr *cc_sends, *cc_writes, *cc_recvs, **cc_credit;
 	struct compcntr_credits *cr;
 	struct compcntr_tracker *tr;
@@ -343,6 +352,15 @@ static int send_credits(struct rt *rt)
 		struct peer *p = &rt->peers[s];
 		if (s == rt->rank || p->owed == 0)
 			continue;
+		if (p->shm_credit) { /* a rank of this node: into its counter, at once, no message */
+			p->returned += p->owed;
+			compcntr_inc_comp_cntr(p->shm_credit,
+			                       p->owed); /* wakes a waiting acquire */
+			p->owed = 0;
+			rt->st.credit_incs++;
+			sent++;
+			continue;
+		}
 		if (p->owed < rt->o.batch && p->received < rt->round_end)
 			continue;
 		/* A context is reused only in a later round, after every send of this one completed. */
@@ -410,7 +428,6 @@ static void on_credit(struct rt *rt, struct rx_slot *slot, const struct fi_cq_ta
 {
 	struct peer *p = &rt->peers[slot->src];
 	p->got += e->data;
-	rt->st.credits_got += e->data;
 	compcntr_inc_comp_cntr(rt->cc_credit[slot->src], e->data); /* wakes a waiting acquire */
 	if (post_credit_recv(rt, slot))
 		exit(5);
@@ -428,6 +445,13 @@ static void watchdog_pet(struct rt *rt)
 		return;
 	rt->next_pet = t + 0.25;
 	alarm((unsigned)rt->o.watchdog_s);
+}
+
+static void idle_yield(struct rt *rt)
+{
+	if (rt->o.watchdog_s > 0)
+		watchdog_pet(rt);
+	sched_yield();
 }
 
 /* Drives both CQs; returns the number of entries handled. */
@@ -496,9 +520,10 @@ void rt_progress(void *v)
 		return;
 	}
 	/* A short wait (an RMA write's completion, a credit already on the wire) stays hot: the
-	 * core is given away only after 16 empty calls in a row. */
+	 * core is given away only after 16 empty calls in a row. On a busy machine one yield can
+	 * last many ms: the watchdog is re-armed before each, not only every 64 calls. */
 	if (++rt->idle >= 16)
-		sched_yield();
+		idle_yield(rt);
 }
 
 static void tx_progress(void *v)
@@ -509,7 +534,7 @@ static void tx_progress(void *v)
 		return;
 	}
 	if (++rt->idle >= 16)
-		sched_yield();
+		idle_yield(rt);
 }
 
 /* ---- setup ------------------------------------------------------------------------------ */
@@ -539,6 +564,77 @@ static void *zalloc(size_t n)
 		return NULL;
 	memset(p, 0, n ? n : 1);
 	return p;
+}
+
+/* ---- the ranks of this node: credits by shared counters -------------------------------- */
+
+/* The node's shared device "shm:ccrt-<job>-<leader>" (job: a value rank 0 broadcasts, unique
+ * per run; leader: the world rank of the node's first rank), created by that rank, opened by
+ * the others. Once every rank of the node has it open, the leader removes its name (the
+ * segment /dev/shm/compcntr.<name>): the segment lives on while mapped, and a job that ends by
+ * MPI_Abort or a kill leaves nothing behind. */
+static int open_node_device(struct rt *rt, MPI_Comm node)
+{
+	int nsize, nrank, leader = rt->rank;
+	MPI_Comm_size(node, &nsize);
+	MPI_Comm_rank(node, &nrank);
+	uint64_t job = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_s() * 1e9);
+	MPI_Bcast(&job, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD); /* every rank, alone or not */
+	if (nsize < 2)
+		return 0; /* alone on its node: no local peers */
+	MPI_Bcast(&leader, 1, MPI_INT, 0, node);
+	char name[64];
+	snprintf(name, sizeof name, "ccrt-%" PRIx64 "-%d", job, leader);
+	if (nrank == 0)
+		rt->sdev = compcntr_open_shared_device(
+		        name, COMPCNTR_SHARED_CREATE | COMPCNTR_SHARED_EXCL, 0600);
+	int ok = rt->sdev != NULL, all;
+	MPI_Bcast(&ok, 1, MPI_INT, 0, node); /* created before the others open it */
+	if (ok && nrank != 0)
+		rt->sdev = compcntr_open_shared_device(name, 0, 0600);
+	if (!rt->sdev)
+		fail(rt, "compcntr_open_shared_device(%s): %s", name,
+		     ok ? compcntr_last_error_message() : "its creator failed");
+	ok = rt->sdev != NULL;
+	MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_LAND, node); /* all of the node have it open */
+	if (nrank == 0 && rt->sdev) {
+		char path[80];
+		snprintf(path, sizeof path, "/compcntr.%s", name);
+		shm_unlink(path); /* docs/shared.md: "Removing the name early" */
+	}
+	return all ? 0 : -1;
+}
+
+/* Every rank of the node sends each other one the id of its credit counter for it; each
+ * resolves the ids it got: peers[s].shm_credit is where this rank returns s's credits. */
+static int link_node_peers(struct rt *rt, MPI_Comm node)
+{
+	int nn;
+	MPI_Comm_size(node, &nn);
+	int *world = calloc((size_t)nn, sizeof *world);
+	struct compcntr_counter_id *mine = calloc((size_t)nn, sizeof *mine),
+	                           *theirs = calloc((size_t)nn, sizeof *theirs);
+	int r = world && mine && theirs ? 0 : fail(rt, "out of memory");
+	if (!r)
+		MPI_Allgather(&rt->rank, 1, MPI_INT, world, 1, MPI_INT, node);
+	for (int k = 0; !r && k < nn; k++)
+		compcntr_comp_cntr_id(rt->cc_credit[world[k]], &mine[k]);
+	if (!r)
+		MPI_Alltoall(mine, sizeof *mine, MPI_BYTE, theirs, sizeof *theirs, MPI_BYTE, node);
+	for (int k = 0; !r && k < nn; k++) {
+		struct peer *p = &rt->peers[world[k]];
+		if (world[k] == rt->rank)
+			continue;
+		if (!(p->shm_credit = compcntr_comp_cntr_resolve(rt->sdev, &theirs[k])))
+			r = fail(rt, "compcntr_comp_cntr_resolve(rank %d's credit counter): %s",
+			         world[k], compcntr_last_error_message());
+		else
+			rt->st.local_peers++;
+	}
+	free(world);
+	free(mine);
+	free(theirs);
+	return r;
 }
 
 struct rt *rt_open(const struct rt_opts *o)
@@ -660,16 +756,34 @@ struct rt *rt_open(const struct rt_opts *o)
 	rt->cc_credit = calloc(n, sizeof *rt->cc_credit);
 	if (!rt->cc_credit)
 		return fail(rt, "out of memory"), NULL;
+	MPI_Comm node = MPI_COMM_NULL;
+	if (opt->node_shm)
+		MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+	if (node != MPI_COMM_NULL && opt->ranks_per_node > 0) { /* simulated nodes of K ranks */
+		int nr;
+		MPI_Comm host = node;
+		MPI_Comm_rank(host, &nr);
+		MPI_Comm_split(host, nr / opt->ranks_per_node, nr, &node);
+		MPI_Comm_free(&host);
+	}
+	if (node != MPI_COMM_NULL && open_node_device(rt, node))
+		return NULL;
+	struct compcntr_device *cdev = rt->sdev ? rt->sdev : rt->dev; /* the credit counters' */
 	if (!(rt->cc_sends = compcntr_create_comp_cntr(rt->dev, &ca)) ||
 	    !(rt->cc_writes = compcntr_create_comp_cntr(rt->dev, &ca)) ||
 	    !(rt->cc_recvs = compcntr_create_comp_cntr(rt->dev, &ca)))
 		return fail(rt, "compcntr_create_comp_cntr: %s", compcntr_last_error_message()),
 		       NULL;
 	for (size_t i = 0; i < n; i++)
-		if (!(rt->cc_credit[i] = compcntr_create_comp_cntr(rt->dev, &ca)))
+		if (!(rt->cc_credit[i] = compcntr_create_comp_cntr(cdev, &ca)))
 			return fail(rt, "compcntr_create_comp_cntr: %s",
 			            compcntr_last_error_message()),
 			       NULL;
+	if (rt->sdev && link_node_peers(rt, node))
+		return NULL;
+	if (node != MPI_COMM_NULL)
+		MPI_Comm_free(&node);
+	rt->st.remote_peers = (uint32_t)n - 1 - rt->st.local_peers;
 	struct compcntr_fi_bridge_attr ba;
 	memset(&ba, 0, sizeof ba);
 	ba.comp_mask = COMPCNTR_FI_BRIDGE_ATTR_FORMAT;
@@ -734,7 +848,7 @@ struct rt *rt_open(const struct rt_opts *o)
 	free(addrs);
 	free(all);
 	/* One window per peer: peer i keeps windows[i] buffers posted for this rank. */
-	rt->cr = compcntr_credits_adopt(rt->dev, rt->cc_credit, (uint32_t)n, windows);
+	rt->cr = compcntr_credits_adopt(cdev, rt->cc_credit, (uint32_t)n, windows);
 	free(windows);
 	if (!rt->cr)
 		return fail(rt, "compcntr_credits_adopt: %s", compcntr_last_error_message()), NULL;
@@ -754,7 +868,7 @@ struct rt *rt_open(const struct rt_opts *o)
 		 * i, at most its window for me (p->window, which --vary-windows makes 1.5x) in batches
 		 * of `batch`, plus its final short batch; sized from opt->window, a small --batch
 		 * with --vary-windows left credit messages unexpected (queued by the provider). */
-		p->ncrx = opt->flow ? (uint32_t)(p->window / opt->batch) + 4 : 0;
+		p->ncrx = opt->flow && !p->shm_credit ? (uint32_t)(p->window / opt->batch) + 4 : 0;
 		p->crx = calloc(p->ncrx ? p->ncrx : 1, sizeof *p->crx);
 		p->ncctx = opt->flow ? (opt->msgs + opt->batch - 1) / opt->batch + 4
 		                     : 1; /* per round */
@@ -835,7 +949,7 @@ static int send_one(struct rt *rt, int dst)
 				            "): is it alive?",
 				            dst, o->timeout_ms,
 				            r2 == ETIMEDOUT ? "ETIMEDOUT" : strerror(r2), p->sent,
-				            p->got, p->window);
+				            read_cc(rt->cc_credit[dst]), p->window);
 		} else if (r) {
 			return fail(rt, "compcntr_credits_acquire(rank %d): %s", dst, strerror(r));
 		}
@@ -941,7 +1055,8 @@ int rt_messages(struct rt *rt)
 				return fail(rt,
 				            "credits_flush(rank %d): %s (credits back %" PRIu64
 				            " of %" PRIu64 ")",
-				            d, strerror(r), rt->peers[d].got, rt->peers[d].sent);
+				            d, strerror(r), read_cc(rt->cc_credit[d]),
+				            rt->peers[d].sent);
 		}
 	/* Every send posted (data and credits) has completed locally. */
 	const int r =
@@ -1143,6 +1258,9 @@ int rt_finish(struct rt *rt, struct rt_stats *st)
 			if (!(rt->peers[s].seen[k / 8] & (1u << (k % 8))))
 				rt->st.missing++;
 		rt->st.credits_returned += rt->peers[s].returned;
+		if (rt->peers[s].shm_credit)
+			rt->st.credits_shm += rt->peers[s].returned;
+		rt->st.credits_got += read_cc(rt->cc_credit[s]); /* by message or shared counter */
 	}
 	/* checksums: what each source sent me (its sum_to[me]) against what I received */
 	const size_t n = (size_t)rt->size;
@@ -1189,6 +1307,10 @@ void rt_close(struct rt *rt)
 		fi_close(&rt->fabric->fid);
 	if (rt->info)
 		fi_freeinfo(rt->info);
+	if (rt->peers)
+		for (int i = 0; i < rt->size; i++)
+			if (rt->peers[i].shm_credit)
+				compcntr_comp_cntr_release(rt->peers[i].shm_credit);
 	if (rt->tr)
 		compcntr_tracker_destroy(rt->tr);
 	if (rt->cr)
@@ -1201,6 +1323,8 @@ void rt_close(struct rt *rt)
 		for (int i = 0; i < rt->size; i++)
 			if (rt->cc_credit[i])
 				compcntr_destroy_comp_cntr(rt->cc_credit[i]);
+	if (rt->sdev)
+		compcntr_close_device(rt->sdev); /* the node's last rank removes it */
 	if (rt->dev)
 		compcntr_close_device(rt->dev);
 	if (rt->peers)
@@ -1283,7 +1407,7 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 	       "recvs cc/provider", "writes cc/prov", "errors", "msg/s");
 	uint64_t sent = 0, received = 0, bad = 0, dup = 0, missing = 0, credit_viol = 0,
 	         inflight_viol = 0, errors = 0, mismatch_counts = 0, window_bad = 0, writes = 0,
-	         quiet_eio = 0, sums = 0, ooo = 0;
+	         quiet_eio = 0, sums = 0, ooo = 0, cr_returned = 0, cr_counted = 0;
 	uint64_t max_inflight = 0, max_window = 0;
 	for (int r = 0; r < nranks; r++) {
 		const struct rt_stats *s = &all[r];
@@ -1314,6 +1438,8 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 		writes += s->writes;
 		quiet_eio += s->quiet_eio;
 		sums += s->pair_sum_mismatch;
+		cr_returned += s->credits_returned;
+		cr_counted += s->credits_got;
 		if (s->max_inflight > max_inflight) {
 			max_inflight = s->max_inflight;
 			max_window = s->max_inflight_window;
@@ -1324,7 +1450,15 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 	       "   in flight to one peer, / that peer's window; credits: credits the rank "
 	       "returned; waits:\n"
 	       "   acquires that had to wait for credits; cc: compcntr's counters; provider: "
-	       "libfabric's fid_cntr)\n\n");
+	       "libfabric's fid_cntr)\n");
+	for (int r = 0; r < nranks; r++)
+		printf("  rank %d peers: %u local (%" PRIu64 " credits returned by %" PRIu64
+		       " shared-counter increments), %u remote (%" PRIu64 " credits by %" PRIu64
+		       " libfabric messages)\n",
+		       all[r].rank, all[r].local_peers, all[r].credits_shm, all[r].credit_incs,
+		       all[r].remote_peers, all[r].credits_returned - all[r].credits_shm,
+		       all[r].credit_msgs_sent);
+	putchar('\n');
 	int ok = 1, c;
 	c = sent == expected && received == expected && bad == 0 && dup == 0 && missing == 0 &&
 	    sums == 0;
@@ -1353,12 +1487,12 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 		       " of window %" PRIu64 ", sends above it %" PRIu64 ")  %s\n",
 		       max_inflight, max_window, inflight_viol, verdict(c));
 	}
-	c = mismatch_counts == 0;
+	c = mismatch_counts == 0 && cr_returned == cr_counted;
 	ok &= c;
 	printf("  check: compcntr's counts equal the provider's own counters (sends, receives, RMA "
-	       "writes, "
-	       "errors on every rank: %" PRIu64 " differ)  %s\n",
-	       mismatch_counts, verdict(c));
+	       "writes, errors on every rank: %" PRIu64 " differ; credits, which skip libfabric "
+	       "between ranks of a node: %" PRIu64 " returned, %" PRIu64 " counted)  %s\n",
+	       mismatch_counts, cr_returned, cr_counted, verdict(c));
 	c = writes == o->writes * (uint64_t)nranks * (uint64_t)(nranks - 1) && window_bad == 0 &&
 	    quiet_eio == 0;
 	ok &= c;

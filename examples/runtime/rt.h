@@ -10,7 +10,9 @@
  *     returns credits over the network, in batches, as zero-byte fi_tsenddata messages whose
  *     CQ data is the number of credits. The sender's progress counts them into that peer's
  *     compcntr counter, which is what the tracker waits on: a sender never has more messages in
- *     flight to a peer than that peer has buffers posted for it.
+ *     flight to a peer than that peer has buffers posted for it. Ranks of one node
+ *     (MPI_COMM_TYPE_SHARED) share those counters instead (a compcntr shared device per node):
+ *     the receiver returns credits by incrementing the sender's counter itself, no message.
  *   - issues `writes` RMA writes to every other rank's window, counted by a compcntr counter
  *     (the CQ bridge on the transmit CQ, FI_WRITE) and finished by compcntr_tracker_quiet.
  * Everything is verified: payload checksums, exactly-once delivery, credit discipline,
@@ -34,6 +36,8 @@ struct rt_opts {
 	int vary_windows;       /* odd ranks post window + window / 2 (per-peer windows) */
 	uint32_t batch;         /* credits returned per credit message (0: window / 4, >= 1) */
 	int flow; /* 1: credit flow control; 0: none (the reference: senders never wait) */
+	int node_shm; /* 1 (default): credits between ranks of one node by shared counters */
+	int ranks_per_node; /* > 0: a node is K ranks of a host (local and remote peers on one) */
 	uint64_t writes; /* RMA writes to every other rank */
 	uint32_t wsize; /* bytes per RMA write */
 	uint32_t rma_batch; /* writes per peer between two quiets */
@@ -86,6 +90,9 @@ struct rt_stats {
 	                              * runs there: manual progress) */
 	double rma_seconds;
 	double quiet_us_max; /* longest single quiet */
+	uint32_t local_peers, remote_peers; /* credits by shared counters / by libfabric */
+	uint64_t credits_shm, credit_incs; /* credits returned into local peers' counters, and
+	                                    * the increments that did it */
 };
 
 struct rt; /* opaque engine */

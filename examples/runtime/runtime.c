@@ -37,6 +37,11 @@ static void usage(FILE *f)
 	        "  --batch B          credits per credit message (default W/4)\n"
 	        "  --no-flow          no flow control (reference): senders do not wait for "
 	        "credits\n"
+	        "  --no-node-shm      credits by libfabric messages between ranks of one node "
+	        "too\n"
+	        "  --ranks-per-node K treat every K ranks of a host as a node of their own (try "
+	        "local and\n"
+	        "                     remote peers on one host)\n"
 	        "  --writes N         RMA writes to every other rank (default 256)\n"
 	        "  --wsize B          bytes per RMA write (default 64)\n"
 	        "  --rma-batch N      writes per peer between two quiets (default 32)\n"
@@ -111,7 +116,12 @@ int main(int argc, char **argv)
 			o.batch = (uint32_t)strtoul(v, NULL, 0);
 		} else if (!strcmp(a, "--no-flow"))
 			o.flow = 0;
-		else if (!strcmp(a, "--writes")) {
+		else if (!strcmp(a, "--no-node-shm"))
+			o.node_shm = 0;
+		else if (!strcmp(a, "--ranks-per-node")) {
+			VAL();
+			o.ranks_per_node = atoi(v);
+		} else if (!strcmp(a, "--writes")) {
 			VAL();
 			o.writes = strtoull(v, NULL, 0);
 		} else if (!strcmp(a, "--wsize")) {
@@ -177,11 +187,14 @@ int main(int argc, char **argv)
 		o.fail_mode = RT_FAIL_EXIT;
 	/* Watchdog: every wait is bounded by timeout_ms and drives progress, which re-arms the
 	 * alarm (rt.c, watchdog_pet); a rank that spends a few timeouts without progress (blocked
-	 * in MPI on a hung peer, stopped) ends. A long healthy run is never cut short. */
+	 * in MPI on a hung peer, stopped) ends. A long healthy run is never cut short. Setting up
+	 * (rt_open: MPI collectives, no progress yet) gets the default allowance however short
+	 * --watchdog-s is: it took about 1 s on a busy 2-vCPU machine. */
+	const int setup_s = 4 * (o.timeout_ms / 1000 + 1) + 10;
 	if (o.watchdog_s <= 0)
-		o.watchdog_s = 4 * (o.timeout_ms / 1000 + 1) + 10;
+		o.watchdog_s = setup_s;
 	signal(SIGALRM, on_alarm);
-	alarm((unsigned)o.watchdog_s);
+	alarm((unsigned)(o.watchdog_s > setup_s ? o.watchdog_s : setup_s));
 
 	const double t0 = MPI_Wtime();
 	struct rt *rt = rt_open(&o);
@@ -202,9 +215,13 @@ int main(int argc, char **argv)
 		       "compcntr_tracker_quiet calls\n",
 		       (unsigned long long)eo->msgs, eo->size, eo->window,
 		       eo->vary_windows ? " (odd ranks 1.5x)" : "",
-		       eo->flow ? " and return credits in batches (zero-byte messages whose CQ "
-		                  "data is the count)"
-		                : "",
+		       !eo->flow ? ""
+		       : eo->node_shm
+		               ? " and return credits: to ranks of their node by incrementing "
+		                 "the sender's\n  shared counter (no message), to others in "
+		                 "batches (zero-byte messages whose CQ data is the count)"
+		               : " and return credits in batches (zero-byte messages whose CQ "
+		                 "data is the count)",
 		       (unsigned long long)eo->writes, eo->rma_batch);
 		fflush(stdout);
 	}

@@ -3,6 +3,9 @@
 
 usage: run_runtime.py MPIRUN PROGRAM NP EXPECT [program args...]
   EXPECT  pass            exit 0, every check line PASS, the exact message and write totals,
+                          every rank's local / remote peer counts (all peers local on one
+                          node, np/2 - 1 + np/2 on two hosts, K - 1 + np - K with
+                          --ranks-per-node K, 0 local with --no-node-shm),
                           "runtime: all checks passed"
           pass:longer=S   the same, for a run meant to outlast S seconds (a watchdog shorter
                           than the run); a run that was over sooner exercised nothing and is
@@ -20,6 +23,11 @@ usage: run_runtime.py MPIRUN PROGRAM NP EXPECT [program args...]
   second through an rsh agent that enters that namespace. Torn down on every exit path (also on
   SIGTERM/SIGINT). Where namespaces cannot be created (no root, no CAP_NET_ADMIN, no iproute2)
   the test is skipped (exit 77) with the reason.
+
+After every run (passed, failed or killed) no shared-memory segment of the job's node devices
+(/dev/shm/compcntr.ccrt-*, examples/runtime's "Ranks of one node") may be left: the runtime
+removes their names as soon as every rank of the node has opened them, so even a job ended by
+MPI_Abort or SIGKILL leaves none.
 
 Every run is bounded (a hung job is killed and fails the test): mpirun runs in a session of its
 own; past the limit (90 s, or --runner-limit S before the program arguments) it gets SIGTERM
@@ -130,6 +138,27 @@ def kill_session(sid, grace):
     return left
 
 
+SEGMENTS = '/dev/shm'
+
+
+def node_segments():
+    """Names of examples/runtime's node-device segments now in /dev/shm."""
+    try:
+        return {f for f in os.listdir(SEGMENTS) if f.startswith('compcntr.ccrt-')}
+    except OSError:
+        return set()
+
+
+def left_segments(before):
+    """Segments that appeared during the run and are still there a second later (another job
+    running at the same time removes its own within milliseconds of creating it)."""
+    new = node_segments() - before
+    if new:
+        time.sleep(1)
+        new &= node_segments()
+    return sorted(new)
+
+
 def main():
     mpirun, prog, np_, expect = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     args = sys.argv[5:]
@@ -170,12 +199,15 @@ def run(mpirun, prog, np_, expect, args, limit, two):
         cmd = ['ip', 'netns', 'exec', two.ns[0], mpirun, '--hostfile', hosts,
                '--mca', 'plm_rsh_agent', agent, '--mca', 'oob_tcp_if_include', 'ccnet0',
                '--mca', 'btl_tcp_if_include', 'ccnet0', '-x', 'FI_TCP_IFACE=ccnet0']
+        # libfabric's logging, when asked for, reaches the ranks of the second host too
+        cmd += [a for v in ('FI_LOG_LEVEL', 'FI_LOG_PROV') if v in os.environ for a in ('-x', v)]
     else:
         cmd = [mpirun]
     if os.geteuid() == 0:
         cmd.append('--allow-run-as-root')
     cmd += ['--oversubscribe', '--bind-to', 'none', '-np', str(np_), prog] + args
     print(' '.join(cmd))
+    segs_before = node_segments()
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True,
@@ -199,6 +231,15 @@ def run(mpirun, prog, np_, expect, args, limit, two):
     print(out)
     print(f'exit code {p.returncode} after {dt:.1f} s' + (' (ended by the runner)' if hung else ''))
     problems = []
+    leaked = left_segments(segs_before)
+    if leaked:
+        problems.append(f'{len(leaked)} node-device segment(s) left in {SEGMENTS}: '
+                        f'{", ".join(leaked)} (removed now)')
+        for f in leaked:
+            try:
+                os.unlink(os.path.join(SEGMENTS, f))
+            except OSError:
+                pass
     if survivors:
         problems.append(f'{len(survivors)} process(es) of the job outlived mpirun (killed now): '
                         f'{survivors}')
@@ -236,6 +277,32 @@ def run(mpirun, prog, np_, expect, args, limit, two):
                 problems.append(f'rank {r}: sent {sent} / received {received}, expected {msgs * (np_ - 1)}')
             if flow and not 0 < int(infl) <= int(win):
                 problems.append(f'rank {r}: {infl} in flight for a window of {win}')
+        # node awareness: peers on this rank's node get credits by shared counters, the others
+        # by libfabric messages (--no-node-shm: all by messages; two hosts: np/2 ranks each)
+        if '--no-node-shm' in args:
+            want_local = 0
+        elif '--ranks-per-node' in args:   # simulated nodes of K ranks (np a multiple of K)
+            want_local = arg_value(args, '--ranks-per-node', 0) - 1
+        elif two is not None:
+            want_local = np_ // 2 - 1
+        else:
+            want_local = np_ - 1
+        peers = re.findall(r'^  rank (\d+) peers: (\d+) local \((\d+) credits returned by '
+                           r'(\d+) shared-counter increments\), (\d+) remote \((\d+) credits '
+                           r'by (\d+) libfabric messages\)$', out, re.M)
+        if len(peers) != np_:
+            problems.append(f'{len(peers)} per-rank peer lines, expected {np_}')
+        for r, loc, cl, incs, rem, cr, cmsgs in peers:
+            if (int(loc), int(rem)) != (want_local, np_ - 1 - want_local):
+                problems.append(f'rank {r}: {loc} local + {rem} remote peers, expected '
+                                f'{want_local} + {np_ - 1 - want_local}')
+            # every message received is a credit returned: its peer's kind says how
+            if flow and (int(cl), int(cr)) != (msgs * int(loc), msgs * int(rem)):
+                problems.append(f'rank {r}: credits {cl} by shared counters + {cr} by messages, '
+                                f'expected {msgs * int(loc)} + {msgs * int(rem)}')
+            if flow and ((int(incs) > 0) != (int(loc) > 0) or (int(cmsgs) > 0) != (int(rem) > 0)):
+                problems.append(f'rank {r}: {incs} increments / {cmsgs} credit messages for '
+                                f'{loc} local / {rem} remote peers')
         if 'runtime: all checks passed' not in out:
             problems.append('no "runtime: all checks passed" line')
     elif expect.startswith('fail:'):

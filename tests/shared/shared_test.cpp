@@ -835,3 +835,50 @@ TEST_CASE("shared counters: credits, completion tracker and poll work across pro
   CHECK(compcntr_destroy_comp_cntr(b) == 0);
   CHECK(compcntr_close_device(d) == 0);
 }
+
+TEST_CASE("shared devices: the name removed once every process opened it (docs/shared.md)") {
+  // What examples/runtime does: all processes open the segment, one removes its name; they
+  // keep resolving, updating and waiting; nothing is left in /dev/shm; a later segment of the
+  // same name is a new one, and the old segment's last close leaves it alone.
+  seg_name n("unlink");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  channel opened, go;
+  const pid_t pid = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    opened.send('o');
+    char x = 0;
+    CHILD_CHECK(go.recv(x));  // the name is gone now
+    compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(cd, &id);
+    CHILD_CHECK(r != nullptr);
+    CHILD_CHECK(compcntr_inc_comp_cntr(r, 5) == 0);  // wakes the parent's wait
+    CHILD_CHECK(compcntr_wait_comp_cntr(r, 6, 10000) == 0);
+    CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+    CHILD_CHECK(compcntr_close_device(cd) == 0);
+  });
+  char x = 0;
+  REQUIRE(opened.recv(x));
+  REQUIRE(::shm_unlink(n.path.c_str()) == 0);
+  struct stat st{};
+  CHECK(::stat(("/dev/shm" + n.path).c_str(), &st) != 0);
+  errno = 0;  // no longer opened by name
+  CHECK(compcntr_open_shared_device(n.name.c_str(), 0, 0) == nullptr);
+  CHECK(errno == ENOENT);
+  compcntr_device* fresh = open_or_fail(n);  // a new segment of the same name
+  CHECK(compcntr_comp_cntr_resolve(fresh, &id) == nullptr);  // not the old one's counters
+  go.send('g');
+  CHECK(compcntr_wait_comp_cntr(c, 5, 10000) == 0);
+  CHECK(compcntr_inc_comp_cntr(c, 1) == 0);
+  CHECK(reap(pid) == 0);
+  CHECK(value(c) == 6);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);  // the last of the unlinked one: the new name stays
+  CHECK(::stat(("/dev/shm" + n.path).c_str(), &st) == 0);
+  compcntr_device* again = compcntr_open_shared_device(n.name.c_str(), 0, 0);
+  INFO(compcntr_last_error_message());
+  CHECK(again != nullptr);
+  if (again) CHECK(compcntr_close_device(again) == 0);
+  CHECK(compcntr_close_device(fresh) == 0);  // its last process: removed
+  CHECK(::stat(("/dev/shm" + n.path).c_str(), &st) != 0);
+}
