@@ -58,7 +58,10 @@ std::shared_mutex& g_control = *new std::shared_mutex;
 void run() noexcept {
   using clock = std::chrono::steady_clock;
   auto last_change = clock::now();
-  const timespec idle{0, static_cast<long>(cfg().progress_idle_us) * 1000};
+  // COMPCNTR_FI_PROGRESS_IDLE_US goes up to 10^6: a whole second is tv_sec (tv_nsec must stay
+  // below 10^9, or nanosleep fails with EINVAL at once and the thread never sleeps).
+  const long idle_ns = static_cast<long>(cfg().progress_idle_us) * 1000;
+  const timespec idle{idle_ns / 1'000'000'000, idle_ns % 1'000'000'000};
   std::uint64_t callers = caller_pulls();
   while (!stop.load(std::memory_order_acquire)) {
     bool changed;

@@ -12,11 +12,14 @@
 
 #include <compcntr/fabric.h>
 
+#include <dirent.h>
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -97,6 +100,27 @@ void send_recv(pair& p, int n, std::size_t len) {
     REQUIRE(p.post([&] { return fi_send(p.a.ep, p.a.buf, len, p.a.desc, p.b.addr, p.ctx()); }) ==
             0);
   }
+}
+
+/// CPU time (ns) this process's threads have run: the calling thread's in *self, all others' in
+/// *others (/proc/self/task/*/schedstat, whose first field is the time on a CPU).
+void thread_cpu_ns(std::uint64_t* self, std::uint64_t* others) {
+  *self = *others = 0;
+  const long me = ::syscall(SYS_gettid);
+  DIR* d = ::opendir("/proc/self/task");
+  REQUIRE(d != nullptr);
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/self/task/%s/schedstat", e->d_name);
+    FILE* f = std::fopen(path, "r");
+    if (f == nullptr) continue; // the thread ended meanwhile
+    unsigned long long ns = 0;
+    if (std::fscanf(f, "%llu", &ns) != 1) ns = 0;
+    std::fclose(f);
+    (std::atol(e->d_name) == me ? *self : *others) += ns;
+  }
+  ::closedir(d);
 }
 
 }  // namespace
@@ -618,4 +642,37 @@ TEST_CASE("compcntr serves the application's counter: its waits and the progress
     CHECK(which == 1);
     CHECK(compcntr_destroy_comp_cntr(mine) == 0);
   }
+}
+
+// An idle process with the progress thread: the thread sleeps COMPCNTR_FI_PROGRESS_IDLE_US between
+// rounds once nothing changed for 10 ms, so while the application sleeps for 500 ms the process's
+// other threads (the progress thread, the provider's) run little. The suite also runs this with
+// COMPCNTR_FI_PROGRESS_IDLE_US=1000000, the largest value the variable takes: the thread's sleep
+// was then {0 s, 10^9 ns}, which nanosleep refuses at once (EINVAL), so the thread never slept and
+// took a CPU for as long as the process lived (issue 23; fails without the fix).
+TEST_CASE("progress thread: an idle process's thread sleeps") {
+  if (!thread_mode()) return;
+  fid_cntr *rx = nullptr, *tx = nullptr;
+  auto p = open_or_fail("tcp;ofi_rxm", {}, [&](pair& p) {
+    if (int r = p.open_cntr(&rx, FI_WAIT_UNSPEC)) return r;
+    if (int r = p.open_cntr(&tx, FI_WAIT_UNSPEC)) return r;
+    if (int r = fi_ep_bind(p.a.ep, &tx->fid, FI_SEND)) return r;
+    return fi_ep_bind(p.b.ep, &rx->fid, FI_RECV);
+  });
+  send_recv(*p, 4, 16);
+  CHECK(read_until(*p, rx, 4) == 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50)); // past the thread's 10 ms of yields
+  std::uint64_t self0, others0, self1, others1;
+  thread_cpu_ns(&self0, &others0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  thread_cpu_ns(&self1, &others1);
+  const std::uint64_t theirs = others1 - others0;
+  MESSAGE("500 ms asleep: the other threads ran " << theirs / 1000 << " us");
+  // 1 ms sleeps (the default) cost a round each, 10-45 us on 2 loaded CPUs here: under half the
+  // time; a 1 s sleep costs nothing (the thread that never slept ran 80-255 ms of the 500).
+  const char* idle = std::getenv("COMPCNTR_FI_PROGRESS_IDLE_US");
+  const bool long_sleeps = idle != nullptr && std::atol(idle) >= 100'000;
+  CHECK(theirs < (long_sleeps ? 50'000'000u : 250'000'000u));
+  // A read is a load here (the thread pulls); a spinning reader pulls every 256th time itself.
+  CHECK(read_until(*p, tx, 4) == 4);
 }
