@@ -28,65 +28,25 @@ std::unordered_map<compcntr_comp_cntr*, adapter*>& registry() noexcept {
   return r;
 }
 
-inline adapter* of(fid_cntr* c) noexcept { return reinterpret_cast<adapter*>(c); }
-inline adapter* of(fid* f) noexcept { return reinterpret_cast<adapter*>(f); }
-static_assert(offsetof(adapter, cntr) == 0, "fid_cntr must be the adapter's first member");
+// ---- the wait (cntr_base.hpp has the ops table: read/readerr drive the bound bridges first, as
+// libfabric's counters run their endpoints' progress in fi_cntr_read) ----------------------------
 
-// ---- fi_ops_cntr -----------------------------------------------------------------------------
+void drive_hook(void* ctx) noexcept { adapter::drive(*static_cast<adapter*>(ctx), false); }
+void run_bridges_hook(void* ctx) noexcept { static_cast<adapter*>(ctx)->run_bridges(); }
 
-// read / readerr drive the bound bridges first (libfabric's counters run their endpoints'
-// progress in fi_cntr_read the same way); with none bound they are one relaxed load plus the
-// compcntr read (an acquire load).
-uint64_t cntr_read(fid_cntr* c) {
-  adapter* a = of(c);
-  if (a->sources_n.load(std::memory_order_relaxed) != 0) a->drive();
-  std::uint64_t v = 0;
-  compcntr_read_comp_cntr(a->cc, &v);
-  return v;
-}
+} // namespace
 
-uint64_t cntr_readerr(fid_cntr* c) {
-  adapter* a = of(c);
-  if (a->sources_n.load(std::memory_order_relaxed) != 0) a->drive();
-  std::uint64_t v = 0;
-  compcntr_read_err_comp_cntr(a->cc, &v);
-  return v;
-}
-
-int cntr_add(fid_cntr* c, uint64_t value) { return -compcntr_inc_comp_cntr(of(c)->cc, value); }
-int cntr_set(fid_cntr* c, uint64_t value) { return -compcntr_set_comp_cntr(of(c)->cc, value); }
-int cntr_adderr(fid_cntr* c, uint64_t value) {
-  return -compcntr_inc_err_comp_cntr(of(c)->cc, value);
-}
-int cntr_seterr(fid_cntr* c, uint64_t value) {
-  return -compcntr_set_err_comp_cntr(of(c)->cc, value);
-}
-
-void drive_hook(void* ctx) noexcept {
-  adapter* a = static_cast<adapter*>(ctx);
-  if (a->sources_n.load(std::memory_order_relaxed) != 0) a->drive();  // nothing bound: no lock
-}
-void yield_hook(void* ctx) noexcept {
-  static_cast<adapter*>(ctx)->drive();
-  sched_yield();
-}
-
-int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
-  adapter* a = of(c);
+int adapter::wait(adapter& a, std::uint64_t threshold, int timeout) noexcept {
   compcntr_wait_attr wa{};
-  switch (a->wait_obj) {
+  switch (a.wait_obj) {
     case FI_WAIT_NONE:
       // fi_cntr(3): waiting on an FI_WAIT_NONE counter is invalid; libfabric's util counters
       // answer -FI_ENOSYS (fi_no_cntr_wait), so do we.
       fail(ENOSYS, "fi_cntr_wait: the counter was opened with FI_WAIT_NONE");
       return -FI_ENOSYS;
     case FI_WAIT_YIELD:
-      // "wait without a wait object but instead yield on every wait": never sleep in the
-      // kernel; the hook (called before every check) yields the CPU.
-      wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
-      wa.spin_ns = COMPCNTR_WAIT_SPIN_FOREVER;
-      wa.progress = yield_hook;
-      wa.progress_ctx = a;
+      // Never sleeps; the bridges are driven before every check, then the CPU is yielded.
+      wa = yield_attr<run_bridges_hook>(&a);
       break;
     default:
       // The hook drives the bridges bound to the counter; it makes the waiter sleep in
@@ -95,32 +55,17 @@ int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
       // libfabric's util wait), so an idle waiter wakes 20 times a second and a late bind is
       // noticed within 50 ms.
       wa.progress = drive_hook;
-      wa.progress_ctx = a;
-      if (a->sources_n.load(std::memory_order_relaxed) == 0) {
+      wa.progress_ctx = &a;
+      if (a.sources_n.load(std::memory_order_relaxed) == 0) {
         wa.comp_mask |= COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL;
         wa.progress_interval_us = 50'000;
       }
       break;
   }
-  const int r = compcntr_wait_comp_cntr_ex(a->cc, threshold, timeout, &wa);
-  switch (r) {
-    case 0: return 0;
-    case ETIMEDOUT: return -FI_ETIMEDOUT;
-    case EIO: return -FI_EAVAIL;
-    default: return -r;
-  }
+  return a.wait_cc(threshold, timeout, wa);
 }
 
-fi_ops_cntr cntr_ops = {
-    .size = sizeof(fi_ops_cntr),
-    .read = cntr_read,
-    .readerr = cntr_readerr,
-    .add = cntr_add,
-    .set = cntr_set,
-    .wait = cntr_wait,
-    .adderr = cntr_adderr,
-    .seterr = cntr_seterr,
-};
+namespace {
 
 // ---- fi_ops (the fid) ------------------------------------------------------------------------
 
@@ -129,7 +74,7 @@ constexpr const char* adapter_owner =
     "a libfabric fid_cntr (compcntr_fi_cntr_open): fi_close it instead";
 
 int fid_close(fid* f) {
-  adapter* a = of(f);
+  adapter* a = of<adapter>(f);
   {
     std::lock_guard lk(registry_lock());
     if (a->bindings != 0) {
@@ -160,22 +105,21 @@ int fid_bind(fid*, fid*, uint64_t) {
 }
 
 int fid_control(fid* f, int command, void* arg) {
-  adapter* a = of(f);
+  adapter* a = of<adapter>(f);
   switch (command) {
     case FI_GETWAIT:
       if (arg == nullptr) return -fail(EINVAL, "fi_control(FI_GETWAIT): arg is NULL");
-      if (a->wait_obj != FI_WAIT_FD) {
+      if (int rc; a->control(command, arg, a->fd, &rc)) return rc;
+      {
         // As libfabric's util CQ without a wait object: nothing to hand out. FI_WAIT_UNSPEC's
         // wait (a futex) is not a retrievable object, which fi_cntr(3) allows.
         fail(ENODATA, "fi_control(FI_GETWAIT): the counter has no retrievable wait object "
                       "(open it with FI_WAIT_FD)");
         return -FI_ENODATA;
       }
-      *static_cast<int*>(arg) = a->fd;
-      return 0;
     case FI_GETWAITOBJ:
       if (arg == nullptr) return -fail(EINVAL, "fi_control(FI_GETWAITOBJ): arg is NULL");
-      *static_cast<fi_wait_obj*>(arg) = a->wait_obj;
+      *static_cast<int*>(arg) = a->wait_obj; // fi_wait_obj is int-sized
       return 0;
     default:
       fail(ENOSYS, "fi_control: command %d is not supported on an adapter counter", command);
@@ -202,7 +146,7 @@ fi_ops fid_ops = {
 /// the struct fid_cntr header every fid_cntr has (fclass and the fid's ops pointer), never past it.
 adapter* adapter_of(fid_cntr* c) noexcept {
   if (c == nullptr || c->fid.fclass != FI_CLASS_CNTR || c->fid.ops != &fid_ops) return nullptr;
-  return of(c);
+  return of<adapter>(c);
 }
 
 // Counter classes of other components (the hook provider's counters). Written rarely (once per
@@ -225,13 +169,6 @@ compcntr_comp_cntr* from_class(fid_cntr* c) noexcept {
   return nullptr;
 }
 
-int from_errno(int err) noexcept {
-  switch (err) {
-    case ENOTSUP: return -FI_EOPNOTSUPP;
-    case 0: return -FI_EOTHER;
-    default: return -err;
-  }
-}
 
 } // namespace
 
@@ -246,7 +183,7 @@ adapter* find_adapter(compcntr_comp_cntr* cc) noexcept {
   return it == r.end() ? nullptr : it->second;
 }
 
-void adapter::drive() noexcept {
+void adapter::run_bridges() noexcept {
   std::shared_lock lk(mu);
   for (auto& s : sources) compcntr_fi_bridge_progress(s.first);
 }
@@ -333,14 +270,14 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
   if (cc == nullptr) {
     const int err = errno;
     fail(err, "compcntr_fi_cntr_open: %s", compcntr_last_error_message());
-    return from_errno(err);
+    return fi_error(err);
   }
   int fd = -1;
   if (wait_obj == FI_WAIT_FD) {
     if (const int err = compcntr_comp_cntr_get_fd(cc, &fd)) {
       fail(err, "compcntr_fi_cntr_open: no fd for FI_WAIT_FD: %s", compcntr_last_error_message());
       compcntr_destroy_comp_cntr(cc);
-      return from_errno(err);
+      return fi_error(err);
     }
   }
   auto* ad = new (std::nothrow) adapter;
@@ -349,12 +286,9 @@ int compcntr_fi_cntr_open(struct compcntr_device* dev, struct fi_cntr_attr* attr
     return -fail(ENOMEM, "compcntr_fi_cntr_open: out of memory");
   }
   ad->cc = cc;
-  ad->wait_obj = static_cast<fi_wait_obj>(wait_obj); // one of the four checked above
+  ad->wait_obj = wait_obj; // one of the four checked above
   ad->fd = fd;
-  ad->cntr.fid.fclass = FI_CLASS_CNTR;
-  ad->cntr.fid.context = context;
-  ad->cntr.fid.ops = &fid_ops;
-  ad->cntr.ops = &cntr_ops;
+  ad->init_fid(&fid_ops, &cntr_ops<adapter>::table, context);
   try {
     std::lock_guard lk(registry_lock());
     registry().emplace(cc, ad);
@@ -413,18 +347,14 @@ int compcntr_fi_trywait(struct fid** fids, int count) {
   }
   int ret = 0;
   for (int i = 0; i < count; ++i) {
-    adapter* a = of(fids[i]);
-    if (a->sources_n.load(std::memory_order_relaxed) != 0) a->drive();
-    // Arm first, then read: an update after the arm makes the fd readable; one before it is in
-    // the values read here (compcntr's arm is a seq_cst RMW + fence, the reads acquire loads).
-    if (const int err = compcntr_comp_cntr_arm_fd(a->cc))
-      return -fail(err, "compcntr_fi_trywait: %s", compcntr_last_error_message());
-    std::uint64_t v = 0, e = 0;
-    compcntr_read_comp_cntr(a->cc, &v);
-    compcntr_read_err_comp_cntr(a->cc, &e);
-    const bool changed = a->seen_value.exchange(v, std::memory_order_relaxed) != v;
-    const bool err_changed = a->seen_errors.exchange(e, std::memory_order_relaxed) != e;
-    if (changed || err_changed) ret = -FI_EAGAIN;
+    adapter* a = of<adapter>(fids[i]);
+    // The bridges first (their updates need no wake-up), then cntr_base::trywait: arm, then
+    // read; an update after the arm makes the fd readable, one before it is in the values read.
+    adapter::drive(*a, false);
+    const int r = a->trywait([] {});
+    if (r != 0 && r != -FI_EAGAIN)
+      return -fail(-r, "compcntr_fi_trywait: %s", compcntr_last_error_message());
+    if (r != 0) ret = r;
   }
   if (ret)
     fail(EAGAIN, "compcntr_fi_trywait: a counter changed since the last trywait: read it first");

@@ -22,31 +22,18 @@
 #include <utility>
 #include <vector>
 
+#include "cntr_base.hpp"
+
 namespace compcntr_fabric {
 
 /// Records "<formatted sentence>" as this thread's compcntr_fi_last_error() and returns `err`
 /// (a positive errno value; callers negate it for -FI_E* returns).
 int fail(int err, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 
-/// The integer stored in a libfabric enum field. C callers may store any int there (a C enum
-/// holds any value of its type); loading a value outside a C++ enum's range is undefined, so
-/// attribute fields are read as their integer.
-template <class E>
-inline int raw_enum(const E& e) noexcept {
-  static_assert(sizeof(E) == sizeof(int), "libfabric enums are int-sized");
-  int v;
-  std::memcpy(&v, &e, sizeof v);
-  return v;
-}
-
-/// One adapter counter: a struct fid_cntr (first member, so fid_cntr* and adapter* convert)
-/// served by a compcntr counter it owns.
-struct adapter {
-  fid_cntr cntr{};
-  compcntr_comp_cntr* cc = nullptr;
-  fi_wait_obj wait_obj = FI_WAIT_NONE;
-  int fd = -1;  ///< FI_WAIT_FD: the counter's pollable fd (owned by the compcntr counter)
-
+/// One adapter counter: a fid_cntr served by a compcntr counter it owns (cntr_base.hpp: the
+/// header, the ops table, waits and trywait shared with the hook's counters). What it adds:
+/// progress is the CQ bridges the counter is bound to.
+struct adapter : cntr_base {
   /// Bridges this counter is bound to, with the number of bindings each holds. `sources_n`
   /// mirrors sources.size() for the read path: one relaxed load decides whether read/wait need
   /// to drive anything (a bind racing with a read may be noticed one call late; the counts are
@@ -57,13 +44,19 @@ struct adapter {
   /// Bindings held by bridges (under the registry lock): fi_close is -FI_EBUSY while > 0.
   std::uint32_t bindings = 0;
 
-  /// compcntr_fi_trywait's snapshot: the values it last returned on. Relaxed: one thread per
-  /// counter uses trywait (documented), the atomics only keep concurrent misuse defined.
-  std::atomic<std::uint64_t> seen_value{0};
-  std::atomic<std::uint64_t> seen_errors{0};
-
   /// Drives the progress of every bridge this counter is bound to (no-op if none).
-  void drive() noexcept;
+  void run_bridges() noexcept;
+
+  // cntr_base's class interface (cntr_base.hpp). With no bridge bound, drive is one relaxed
+  // load (no lock), so a read is that load plus compcntr's acquire load.
+  static void drive(adapter& a, bool) noexcept {
+    if (a.sources_n.load(std::memory_order_relaxed) != 0) a.run_bridges();
+  }
+  static int update(adapter& a, update_op op, std::uint64_t v) noexcept {
+    return a.update_cc(op, v);
+  }
+  static int wait(adapter& a, std::uint64_t threshold, int timeout) noexcept;
+  static void after(adapter&) noexcept {}
 };
 
 /// The adapter whose counter is `cc`, or nullptr. Must be called with registry_lock() held.

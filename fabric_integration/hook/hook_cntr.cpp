@@ -33,23 +33,23 @@
 #include <mutex>
 #include <new>
 
+#include "../cntr_base.hpp"
 #include "../cntr_classes.h"
 #include "../mirror_core.hpp"
 
 namespace compcntr_hook {
 
-struct hook_cntr {
-  fid_cntr cntr{};                 // first member: fid_cntr* and hook_cntr* convert
+// The fid_cntr, cc, the wait object, the FI_GETWAIT fd, the ops table and trywait's check are
+// cntr_base's (../cntr_base.hpp, shared with the adapter); the hook supplies its progress (pull
+// the provider's counter through the mirror) and its updates (the provider's counter first).
+struct hook_cntr : compcntr_fabric::cntr_base {
   fid_cntr* hidden = nullptr; // the provider's counter (nullptr only after a half-failed close)
-  compcntr_comp_cntr* cc = nullptr;
   compcntr_fabric::mirror_core m;
-  int wait_obj = FI_WAIT_NONE; // as the application asked
   int wait_rc = 0; // the provider's answer to a wait (-FI_ENOSYS for FI_WAIT_NONE
       // util counters), probed at open; 0: waits are served
   bool sockets = false; // sockets semantics for -FI_EAVAIL (see cntr_wait)
   bool thread = false; // the progress thread drives this counter
   bool auto_progress = false; // the provider moves data itself: waits block at once
-  int fd = -1; // FI_WAIT_FD: the fd FI_GETWAIT hands out
   // The provider side of blocking (FI_WAIT_FD and FI_WAIT_UNSPEC counters, where the provider
   // lets its counter join an FI_WAIT_FD wait set): the hidden counter is opened on `waitset`,
   // whose fd the provider makes readable when it has work for the counter's endpoints (rxm: the
@@ -61,7 +61,6 @@ struct hook_cntr {
   int wait_fd = -1; // the wait set's fd (in epfd; a waiter polls it directly)
   fid_fabric* fabric = nullptr; // the hooked fabric (fi_trywait on waitset)
   std::atomic<std::uint64_t> err_at_readerr{0}; // sockets: error value at the last readerr
-  std::atomic<std::uint64_t> seen_v{0}, seen_e{0}; // fi_trywait's last values
   // Statistics: relaxed load+store (not an RMW: no locked instruction on the read path; under
   // concurrent reads of one counter a count may be lost, the stats line is a proof of use, not
   // an exact tally).
@@ -70,20 +69,22 @@ struct hook_cntr {
   std::atomic<int> polled{0}; // poll sets holding the hidden counter (fi_poll: pull_polled)
   hook_cntr* prev = nullptr; // the live list (under live_mu)
   hook_cntr* next = nullptr;
+
+  // cntr_base's class interface (defined below).
+  static void drive(hook_cntr& h, bool err) noexcept;
+  static int update(hook_cntr& h, compcntr_fabric::update_op op, std::uint64_t v) noexcept;
+  static int wait(hook_cntr& h, std::uint64_t threshold, int timeout) noexcept;
+  static void after(hook_cntr& h) noexcept;
+  static void on_readerr(hook_cntr& h, std::uint64_t e) noexcept;
 };
 
 namespace {
 
-inline hook_cntr* of(fid_cntr* c) noexcept { return reinterpret_cast<hook_cntr*>(c); }
-inline hook_cntr* of(fid* f) noexcept { return reinterpret_cast<hook_cntr*>(f); }
-static_assert(offsetof(hook_cntr, cntr) == 0, "fid_cntr must be the hook counter's first member");
+using compcntr_fabric::update_op;
+inline hook_cntr* of(fid* f) noexcept { return compcntr_fabric::of<hook_cntr>(f); }
 
-// The integer in an enum field (a C caller may store any int there).
-int raw_wait(const fi_cntr_attr& a) noexcept {
-  int v;
-  std::memcpy(&v, &a.wait_obj, sizeof v);
-  return v;
-}
+// The integer in the wait object field (a C caller may store any int there).
+int raw_wait(const fi_cntr_attr& a) noexcept { return compcntr_fabric::raw_enum(a.wait_obj); }
 
 // Whether the progress thread drives this counter now: a thread domain, and no binding to an
 // endpoint that is not enabled yet (or whose bind failed). Otherwise the application's calls
@@ -139,55 +140,39 @@ void live_remove(hook_cntr* h) noexcept {
 
 // ---- fi_ops_cntr -------------------------------------------------------------------------------
 
-std::uint64_t value_of(hook_cntr* h) noexcept {
-  std::uint64_t v = 0;
-  compcntr_read_comp_cntr(h->cc, &v);
-  return v;
-}
-std::uint64_t errors_of(hook_cntr* h) noexcept {
-  std::uint64_t v = 0;
-  compcntr_read_err_comp_cntr(h->cc, &v);
-  return v;
-}
-
 // ofi_compcntr's deferred work (layer_ops::progress) after the counter calls; the hook has none.
 inline void layer_progress() noexcept {
   if (const layer_ops* l = layer()) l->progress();
 }
 
-// Caller progress: pull from the provider (which runs its progress, as fi_cntr_read of the
-// provider's own counter does). Progress thread: the thread pulls; a read is a load, and every
+} // namespace
+
+// fi_cntr_read / fi_cntr_readerr (cntr_base's table: drive, after, then cc's value). Caller
+// progress: pull from the provider (which runs its progress, as fi_cntr_read of the provider's
+// own counter does). Progress thread: the thread pulls; a read is a load, and every
 // k_reader_pull_every-th read of the counter pulls too (a spinning reader drives progress).
-uint64_t cntr_read(fid_cntr* c) {
-  hook_cntr* h = of(c);
-  const std::uint64_t n = bump(h->reads);
-  if (h->hidden && (!by_thread(h) || n % k_reader_pull_every == 0)) {
-    h->m.pull_comp();
-    note_caller_pull(h);
+void hook_cntr::drive(hook_cntr& h, bool err) noexcept {
+  const std::uint64_t n = bump(err ? h.readerrs : h.reads);
+  if (h.hidden && (!by_thread(&h) || n % k_reader_pull_every == 0)) {
+    if (err)
+      h.m.pull_err();
+    else
+      h.m.pull_comp();
+    note_caller_pull(&h);
   }
-  layer_progress();
-  return value_of(h);
+}
+void hook_cntr::after(hook_cntr&) noexcept { layer_progress(); }
+void hook_cntr::on_readerr(hook_cntr& h, std::uint64_t e) noexcept {
+  if (h.sockets) h.err_at_readerr.store(e, std::memory_order_relaxed);
 }
 
-uint64_t cntr_readerr(fid_cntr* c) {
-  hook_cntr* h = of(c);
-  const std::uint64_t n = bump(h->readerrs);
-  if (h->hidden && (!by_thread(h) || n % k_reader_pull_every == 0)) {
-    h->m.pull_err();
-    note_caller_pull(h);
-  }
-  layer_progress();
-  const std::uint64_t e = errors_of(h);
-  if (h->sockets) h->err_at_readerr.store(e, std::memory_order_relaxed);
-  return e;
-}
+namespace {
 
 // add/set: the provider's counter first (its answer is the application's answer; a refusal
 // changes nothing), then cc and the mirror's baseline, all inside one resync so no pull mixes a
 // value from before with one from after.
-int cntr_add_(fid_cntr* c, uint64_t value) {
-  hook_cntr* h = of(c);
-  if (!h->hidden) return -compcntr_inc_comp_cntr(h->cc, value);
+int cntr_add_(hook_cntr* h, uint64_t value) {
+  if (!h->hidden) return h->update_cc(update_op::add, value);
   return h->m.resync([&](std::uint64_t& last, std::uint64_t&) {
     const int r = fi_cntr_add(h->hidden, value);
     if (r != 0) return r;
@@ -196,14 +181,8 @@ int cntr_add_(fid_cntr* c, uint64_t value) {
     return 0;
   });
 }
-int cntr_add(fid_cntr* c, uint64_t value) {
-  const int r = cntr_add_(c, value);
-  layer_progress();
-  return r;
-}
-int cntr_adderr_(fid_cntr* c, uint64_t value) {
-  hook_cntr* h = of(c);
-  if (!h->hidden) return -compcntr_inc_err_comp_cntr(h->cc, value);
+int cntr_adderr_(hook_cntr* h, uint64_t value) {
+  if (!h->hidden) return h->update_cc(update_op::adderr, value);
   return h->m.resync([&](std::uint64_t&, std::uint64_t& last_err) {
     const int r = fi_cntr_adderr(h->hidden, value);
     if (r != 0) return r;
@@ -228,14 +207,8 @@ void settle(hook_cntr* h, bool err, std::uint64_t value) noexcept {
     if (((err ? fi_cntr_readerr(h->hidden) : fi_cntr_read(h->hidden)) & mask) == want) return;
 }
 
-int cntr_adderr(fid_cntr* c, uint64_t value) {
-  const int r = cntr_adderr_(c, value);
-  layer_progress();
-  return r;
-}
-int cntr_set_(fid_cntr* c, uint64_t value) {
-  hook_cntr* h = of(c);
-  if (!h->hidden) return -compcntr_set_comp_cntr(h->cc, value);
+int cntr_set_(hook_cntr* h, uint64_t value) {
+  if (!h->hidden) return h->update_cc(update_op::set, value);
   return h->m.resync([&](std::uint64_t& last, std::uint64_t&) {
     const int r = fi_cntr_set(h->hidden, value);
     if (r != 0) return r;
@@ -245,14 +218,8 @@ int cntr_set_(fid_cntr* c, uint64_t value) {
     return 0;
   });
 }
-int cntr_set(fid_cntr* c, uint64_t value) {
-  const int r = cntr_set_(c, value);
-  layer_progress();
-  return r;
-}
-int cntr_seterr_(fid_cntr* c, uint64_t value) {
-  hook_cntr* h = of(c);
-  if (!h->hidden) return -compcntr_set_err_comp_cntr(h->cc, value);
+int cntr_seterr_(hook_cntr* h, uint64_t value) {
+  if (!h->hidden) return h->update_cc(update_op::seterr, value);
   return h->m.resync([&](std::uint64_t&, std::uint64_t& last_err) {
     const int r = fi_cntr_seterr(h->hidden, value);
     if (r != 0) return r;
@@ -261,11 +228,6 @@ int cntr_seterr_(fid_cntr* c, uint64_t value) {
     compcntr_set_err_comp_cntr(h->cc, value);
     return 0;
   });
-}
-int cntr_seterr(fid_cntr* c, uint64_t value) {
-  const int r = cntr_seterr_(c, value);
-  layer_progress();
-  return r;
 }
 
 // A waiter drives progress itself, with or without the progress thread: it has nothing else to
@@ -276,10 +238,6 @@ void progress_both(void* ctx) noexcept {
   h->m.pull_err();
   note_caller_pull(h);
   layer_progress();
-}
-void progress_yield(void* ctx) noexcept {
-  progress_both(ctx);
-  sched_yield();
 }
 
 // A wait with no provider fd to sleep on (shm; see cntr_wait): the first k_pure_spin rounds
@@ -299,7 +257,7 @@ void progress_spin_then_yield(void* ctx) noexcept {
 
 bool err_since_readerr(hook_cntr* h) noexcept {
   if (!by_thread(h) && h->hidden) h->m.pull_err();
-  return errors_of(h) != h->err_at_readerr.load(std::memory_order_relaxed);
+  return h->errors() != h->err_at_readerr.load(std::memory_order_relaxed);
 }
 
 // fi_cntr_wait. Results as libfabric's counters give them:
@@ -348,7 +306,7 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const auto deadline = start + std::chrono::milliseconds(timeout < 0 ? 0 : timeout);
-  const std::uint64_t err0 = errors_of(h);
+  const std::uint64_t err0 = h->errors();
   // One check driving the provider: the completion value first, the error value only while the
   // threshold is not met (reaching the threshold wins a tie, as in util's wait), so a wait that
   // ends costs one provider read, not two.
@@ -356,9 +314,9 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
     h->m.pull_comp();
     note_caller_pull(h);
     layer_progress();
-    if (value_of(h) >= threshold) return 0;
+    if (h->value() >= threshold) return 0;
     h->m.pull_err();
-    if (errors_of(h) != err0) return -FI_EAVAIL;
+    if (h->errors() != err0) return -FI_EAVAIL;
     return 1;
   };
   // One check before arming: a wait called right after a read that saw too little usually finds
@@ -388,8 +346,8 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
     if (armed == -FI_EAGAIN) continue; // work pending: progress again, no sleep
     if (const layer_ops* l = layer(); l && l->busy()) continue; // the layer's posts to retry
     if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
-    if (value_of(h) >= threshold) return 0;
-    if (errors_of(h) != err0) return -FI_EAVAIL;
+    if (h->value() >= threshold) return 0;
+    if (h->errors() != err0) return -FI_EAVAIL;
     std::int64_t ms = 10;
     if (timeout >= 0) {
       const auto left =
@@ -404,8 +362,20 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
   }
 }
 
-int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
-  hook_cntr* h = of(c);
+} // namespace
+
+int hook_cntr::update(hook_cntr& h, update_op op, std::uint64_t v) noexcept {
+  switch (op) {
+    case update_op::add: return cntr_add_(&h, v);
+    case update_op::set: return cntr_set_(&h, v);
+    case update_op::adderr: return cntr_adderr_(&h, v);
+    case update_op::seterr: return cntr_seterr_(&h, v);
+  }
+  return -FI_EINVAL;
+}
+
+int hook_cntr::wait(hook_cntr& hc, std::uint64_t threshold, int timeout) noexcept {
+  hook_cntr* h = &hc;
   bump(h->waits);
   if (h->wait_rc != 0) return h->wait_rc;
   if (h->sockets && err_since_readerr(h)) return -FI_EAVAIL;
@@ -423,31 +393,27 @@ int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
     // (its timed one returns +FI_ETIMEDOUT at once in 1.17): block in it, on the provider's value
     // that stands for `threshold` (the same, unless cc was also updated through compcntr).
     progress_both(h);
-    const std::uint64_t v = value_of(h), offset = v - h->m.last_value();
+    const std::uint64_t v = h->value(), offset = v - h->m.last_value();
     if (v >= threshold) return err_since_readerr(h) ? -FI_EAVAIL : 0;
     const std::uint64_t need = threshold - offset;
     if (need <= 0x7fffffffu) { // sockets compares as int32
       const int r = fi_cntr_wait(h->hidden, need, -1);
       progress_both(h);
       if (err_since_readerr(h)) return -FI_EAVAIL;
-      if (r == 0 && value_of(h) >= threshold) return 0;
+      if (r == 0 && h->value() >= threshold) return 0;
       if (r != 0) return r < 0 ? r : -r;
       // Reached on the provider's side but not on cc's (cc was set meanwhile): wait as below.
     }
   }
   if (h->wait_obj == FI_WAIT_YIELD) {
-    wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
-    wa.spin_ns = COMPCNTR_WAIT_SPIN_FOREVER;
-    wa.progress = progress_yield;
-    wa.progress_ctx = h;
+    wa = yield_attr<progress_both>(h);
   } else if (h->auto_progress && drive) {
     // The provider's thread moves the data and nothing of it reaches a fd here: check (pulling)
     // and yield the CPU between checks, so that thread runs, for up to 10x the spin time, then
     // sleep in 1 ms slices.
     wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
+    wa = yield_attr<progress_both>(h);
     wa.spin_ns = 10 * cfg().wait_spin_ns;
-    wa.progress = progress_yield;
-    wa.progress_ctx = h;
   } else if (drive) {
     // No provider fd reports arrivals (shm refuses wait sets; an application's FI_WAIT_SET):
     // drive and check, spinning and then yielding, for up to 10x the spin time, then sleep in
@@ -460,27 +426,12 @@ int cntr_wait(fid_cntr* c, uint64_t threshold, int timeout) {
     wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
     wa.spin_ns = cfg().wait_spin_ns;
   }
-  const int r = compcntr_wait_comp_cntr_ex(h->cc, threshold, timeout, &wa);
-  switch (r) {
-    case 0:
-      if (h->sockets && err_since_readerr(h)) return -FI_EAVAIL;
-      return 0;
-    case ETIMEDOUT: return -FI_ETIMEDOUT;
-    case EIO: return -FI_EAVAIL;
-    default: return -r;
-  }
+  const int r = h->wait_cc(threshold, timeout, wa);
+  if (r == 0 && h->sockets && err_since_readerr(h)) return -FI_EAVAIL;
+  return r;
 }
 
-fi_ops_cntr cntr_ops = {
-    .size = sizeof(fi_ops_cntr),
-    .read = cntr_read,
-    .readerr = cntr_readerr,
-    .add = cntr_add,
-    .set = cntr_set,
-    .wait = cntr_wait,
-    .adderr = cntr_adderr,
-    .seterr = cntr_seterr,
-};
+namespace {
 
 // ---- fi_ops ------------------------------------------------------------------------------------
 
@@ -526,11 +477,7 @@ int cntr_close(fid* f) {
 // a real fd (libfabric's util counters have none to give).
 int cntr_control(fid* f, int command, void* arg) {
   hook_cntr* h = of(f);
-  if (command == FI_GETWAIT && h->wait_obj == FI_WAIT_FD && h->fd >= 0) {
-    if (arg == nullptr) return -FI_EINVAL;
-    *static_cast<int*>(arg) = h->epfd >= 0 ? h->epfd : h->fd;
-    return 0;
-  }
+  if (int rc; h->control(command, arg, h->epfd >= 0 ? h->epfd : h->fd, &rc)) return rc;
   if (!h->hidden) return -FI_ENOSYS;
   return h->hidden->fid.ops->control(&h->hidden->fid, command, arg);
 }
@@ -555,8 +502,6 @@ fi_ops cntr_fid_ops = {
     .ops_set = nullptr,
 };
 
-compcntr_comp_cntr* class_get(fid_cntr* c) { return of(c)->cc; }
-
 // The width of the provider's counter values: sockets keeps int32 values, util counters 64-bit.
 // Probed on the fresh counter (nothing is bound to it yet; the read runs an empty progress).
 unsigned probe_bits(fid_cntr* hidden) noexcept {
@@ -571,7 +516,7 @@ unsigned probe_bits(fid_cntr* hidden) noexcept {
 
 hook_cntr* as_hook_cntr(const fid* f) noexcept {
   if (f == nullptr || f->fclass != FI_CLASS_CNTR || f->ops != &cntr_fid_ops) return nullptr;
-  return reinterpret_cast<hook_cntr*>(const_cast<fid*>(f));
+  return compcntr_fabric::of<hook_cntr>(const_cast<fid*>(f));
 }
 
 fid_cntr* hidden_of(hook_cntr* c) noexcept { return c->hidden; }
@@ -593,7 +538,7 @@ void polled_add(hook_cntr* c, int delta) noexcept {
 std::uint64_t caller_pulls() noexcept { return g_caller_pulls.load(std::memory_order_relaxed); }
 
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept {
-  static const int registered = compcntr_fi_register_cntr_class(&cntr_fid_ops, class_get);
+  static const int registered = compcntr_fi_register_cntr_class(&cntr_fid_ops, compcntr_fabric::base_cc);
   (void)registered;
   stats().cntr_open.fetch_add(1, std::memory_order_relaxed); // every call, as PLAN.md fixes
   domain_state* ds = find_domain(domain);
@@ -725,10 +670,7 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   // object (compcntr's wait, driving the provider below), as sockets' do and fi_trigger
   // programs expect (fabtests wait on FI_WAIT_NONE counters); the hook answers as the provider.
   if (layer() != nullptr) h->wait_rc = 0;
-  h->cntr.fid.fclass = FI_CLASS_CNTR;
-  h->cntr.fid.context = context;
-  h->cntr.fid.ops = &cntr_fid_ops;
-  h->cntr.ops = &cntr_ops;
+  h->init_fid(&cntr_fid_ops, &compcntr_fabric::cntr_ops<hook_cntr>::table, context);
   live_add(h);
   stats().cntr_served.fetch_add(1, std::memory_order_relaxed);
   *cntr = &h->cntr;
@@ -749,16 +691,17 @@ int cntr_trywait(hook_cntr* h, fid** pass, int cap, int* npass) noexcept {
   // a lost wake-up (issue 22's fault sweep, fault provider code 'lag'). -FI_EAGAIN makes it read
   // and try again; the next trywait drains nothing unless another update came.
   const bool signalled = drain_sockets_waitset(h);
-  if (compcntr_comp_cntr_arm_fd(h->cc) != 0) return -FI_EINVAL;
-  if (!by_thread(h) && h->hidden) {
-    h->m.pull_comp();
-    h->m.pull_err();
-  }
+  const int r = h->trywait(
+      [h] {
+        if (!by_thread(h) && h->hidden) {
+          h->m.pull_comp();
+          h->m.pull_err();
+        }
+      },
+      signalled);
+  if (r != 0 && r != -FI_EAGAIN) return r;
   if (h->waitset != nullptr) pass[(*npass)++] = &h->waitset->fid;
-  const std::uint64_t v = value_of(h), e = errors_of(h);
-  const bool changed = h->seen_v.exchange(v, std::memory_order_relaxed) != v;
-  const bool err_changed = h->seen_e.exchange(e, std::memory_order_relaxed) != e;
-  return changed || err_changed || signalled ? -FI_EAGAIN : 0;
+  return r;
 }
 
 bool progress_all() noexcept {
