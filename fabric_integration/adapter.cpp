@@ -169,7 +169,6 @@ compcntr_comp_cntr* from_class(fid_cntr* c) noexcept {
   return nullptr;
 }
 
-
 } // namespace
 
 std::mutex& registry_lock() noexcept {

@@ -538,7 +538,8 @@ void polled_add(hook_cntr* c, int delta) noexcept {
 std::uint64_t caller_pulls() noexcept { return g_caller_pulls.load(std::memory_order_relaxed); }
 
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept {
-  static const int registered = compcntr_fi_register_cntr_class(&cntr_fid_ops, compcntr_fabric::base_cc);
+  static const int registered =
+      compcntr_fi_register_cntr_class(&cntr_fid_ops, compcntr_fabric::base_cc);
   (void)registered;
   stats().cntr_open.fetch_add(1, std::memory_order_relaxed); // every call, as PLAN.md fixes
   domain_state* ds = find_domain(domain);
