@@ -92,6 +92,9 @@ struct layer_ops {
                        void** result_desc, size_t result_count, std::uint64_t flags, int kind);
   /// Whether writes on `ep` must go through rmamsg (the layer emulates FI_RMA_EVENT there).
   bool (*emulates_rma_event)(fid_ep* ep);
+  /// fi_close of one of the layer's counters, before anything is closed: 0, or the answer
+  /// (-FI_EBUSY: armed, due or in-flight work would still update it).
+  int (*cntr_closing)(fid_cntr* c);
   /// After every counter read, wait round, add and set: the layer's deferred work runs here.
   void (*progress)();
   /// Whether the layer has work the next progress call should retry at once (a wait that would
@@ -191,7 +194,9 @@ void pull_polled() noexcept;
 /// while it grows).
 std::uint64_t caller_pulls() noexcept;
 /// Pulls the provider's counter into the compcntr counter now (caller progress), as
-/// fi_cntr_read does, without counting a read.
+/// fi_cntr_read does, without counting a read -- unless the counter is bound to an endpoint that
+/// is not enabled yet (or a bind of it was refused): as the progress thread, it leaves such a
+/// counter to the application's own calls (ofi_compcntr's progress rounds pull through this).
 void pull(hook_cntr* c) noexcept;
 /// The compcntr counter behind a hook counter.
 compcntr_comp_cntr* comp_of(hook_cntr* c) noexcept;

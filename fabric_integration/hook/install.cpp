@@ -124,7 +124,11 @@ class trigger_swap {
   trigger_swap(const void* context, std::uint64_t flags) noexcept {
     if (!(flags & FI_TRIGGER) || context == nullptr) return;
     auto* t = static_cast<fi_triggered_context*>(const_cast<void*>(context));
-    if (t->event_type != FI_TRIGGER_THRESHOLD || t->trigger.threshold.cntr == nullptr) return;
+    // event_type read as its integer: a C caller may store any value (a C++ load of one outside
+    // the enum's range is undefined).
+    int event;
+    std::memcpy(&event, &t->event_type, sizeof event);
+    if (event != FI_TRIGGER_THRESHOLD || t->trigger.threshold.cntr == nullptr) return;
     hook_cntr* h = as_hook_cntr(&t->trigger.threshold.cntr->fid);
     if (h == nullptr) return;
     t->trigger.threshold.cntr = hidden_of(h);

@@ -524,6 +524,7 @@ void fill_layer(compcntr_hook::layer_ops& l) noexcept {
   l.rmamsg = l_rmamsg;
   l.atomicmsg = l_atomicmsg;
   l.emulates_rma_event = l_emulates;
+  l.cntr_closing = cntr_closing;
   l.progress = progress;
   l.busy = busy;
 }

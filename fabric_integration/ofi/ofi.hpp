@@ -33,6 +33,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <list>
 #include <mutex>
@@ -47,6 +48,18 @@ using compcntr_hook::hook_cntr;
 /// target's provider counts them on its FI_REMOTE_WRITE counters (rxm: every write carrying CQ
 /// data), and cq.cpp drops their CQ entries at the target. 32 bits (cq_data_size >= 4).
 constexpr std::uint64_t k_rma_event_data = 0xc0c7e17dULL;
+
+/// The integer in an enum field of the application's structures (fi_triggered_context's
+/// event_type, fi_deferred_work's op_type, an atomic's datatype and op). A C caller may store any
+/// int there; loading a value outside the C++ enum's range is undefined behaviour (issue 22: the
+/// fuzzer's UBSan report at check_ctx), so those fields are read as their integer.
+template <class E>
+inline int raw_int(const E& e) noexcept {
+  static_assert(sizeof(E) == sizeof(int), "libfabric enums are int-sized");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 /// Caps the layer can add.
 constexpr std::uint64_t k_added_caps = FI_TRIGGER | FI_RMA_EVENT;
@@ -159,6 +172,9 @@ void inflight_cqs(std::vector<fid_cq*>& out) noexcept;
 void* item_completed(item* it, bool error, bool* app_wants) noexcept;
 /// Cancels and frees every item of `ds` (domain close) or that posts on `ep` (endpoint close).
 void drop_items(domain_st* ds, fid_ep* ep) noexcept;
+/// fi_close of counter `c` (layer_ops::cntr_closing): -FI_EBUSY while an armed, due or in-flight
+/// item names it as its FI_OP_CNTR_ADD/SET target or its completion counter, else 0.
+int cntr_closing(fid_cntr* c) noexcept;
 
 /// Calls f(counter) for every counter bound to an endpoint of `d` (under mu()).
 template <class F>

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <new>
 
 namespace compcntr_ofi {
@@ -38,8 +39,7 @@ struct item {
   fi_addr_t addr = FI_ADDR_UNSPEC;
   void* context = nullptr; // the application's
   std::uint64_t data = 0, tag = 0, ignore = 0, value = 0;
-  fi_datatype dt{};
-  fi_op op{};
+  int dt = 0, op = 0; // an atomic's datatype and op, as the application's integers (raw_int)
   std::vector<iovec> iov;
   std::vector<fi_ioc> ioc, res, cmp;
   std::vector<void*> desc, res_desc, cmp_desc;
@@ -118,7 +118,7 @@ domain_st* dom_of_ep(fid_ep* ep) noexcept {
 
 int check_ctx(const fi_triggered_context* tc) noexcept {
   if (tc == nullptr) return -FI_EINVAL;
-  if (tc->event_type != FI_TRIGGER_THRESHOLD) return -FI_ENOSYS;
+  if (raw_int(tc->event_type) != FI_TRIGGER_THRESHOLD) return -FI_ENOSYS;
   if (hook_of(tc->trigger.threshold.cntr) == nullptr) return -FI_EINVAL;
   return 0;
 }
@@ -222,7 +222,9 @@ ssize_t post(item* it) noexcept {
     }
     default: {
       fi_msg_atomic m{it->ioc.data(),  it->desc.data(), it->ioc.size(), it->addr, it->rioc.data(),
-                      it->rioc.size(), it->dt,          it->op,         ctx,      it->data};
+                      it->rioc.size(), fi_datatype{},   fi_op{},        ctx,      it->data};
+      std::memcpy(&m.datatype, &it->dt, sizeof m.datatype);
+      std::memcpy(&m.op, &it->op, sizeof m.op);
       r = post_atomicmsg(it->ep, &m, it->cmp.data(), it->cmp_desc.data(), it->cmp.size(),
                          it->res.data(), it->res_desc.data(), it->res.size(), flags,
                          it->atomic_kind);
@@ -295,8 +297,8 @@ void fill_atomic_item(item* it, const fi_msg_atomic* msg, const fi_ioc* comparev
   it->desc = copy(msg->desc, msg->iov_count);
   it->rioc = copy(msg->rma_iov, msg->rma_iov_count);
   it->addr = msg->addr;
-  it->dt = msg->datatype;
-  it->op = msg->op;
+  it->dt = raw_int(msg->datatype); // passed on as the application gave them
+  it->op = raw_int(msg->op);
   it->context = msg->context;
   it->data = msg->data;
   if (kind >= 1) {
@@ -357,7 +359,7 @@ int queue_work(domain_st* ds, const fi_deferred_work* w) {
   it->completion = w->completion_cntr;
   fid_ep* ep = nullptr;
   try {
-    switch (w->op_type) {
+    switch (raw_int(w->op_type)) {
       case FI_OP_RECV:
       case FI_OP_SEND: {
         const fi_op_msg* o = w->op.msg;
@@ -488,6 +490,19 @@ void drop_items(domain_st* ds, fid_ep* ep) noexcept {
       finish(it);
     }
   }
+}
+
+// A counter armed work would still write (post: fi_cntr_add/set of the target, the completion
+// counter's count) must outlive that work: its fi_close is -FI_EBUSY meanwhile, as compcntr
+// refuses to destroy a trigger's target and libfabric a counter bound to an endpoint (issue 22,
+// fuzz_fi_ofi: the work posted to the freed counter). Its triggering counter may close: that
+// cancels the work (compcntr cancels the counter's triggers), which then never runs.
+int cntr_closing(fid_cntr* c) noexcept {
+  std::lock_guard lk(mu());
+  for (domain_st* d : domains())
+    for (item* it : d->items)
+      if (it->state != s_done && (it->target == c || it->completion == c)) return -FI_EBUSY;
+  return 0;
 }
 
 void post_ready() noexcept {

@@ -48,6 +48,9 @@ class trace {
     va_start(ap, fmt);
     std::vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    // FUZZ_TRACE_ALL set: each call printed as it is made (for inputs that crash).
+    static const bool all = std::getenv("FUZZ_TRACE_ALL") != nullptr;
+    if (all) std::fprintf(stderr, "  %s\n", buf);
     if (lines_.size() == keep) {
       lines_.erase(lines_.begin());
       ++dropped_;
