@@ -66,6 +66,11 @@ CODES.update({
 SHORT = {"send": ["EAGAIN", "EIO"], "recv": ["EAGAIN", "EIO"], "cq_read": ["EAVAIL", "EIO"],
          "cntr_read": ["short", "lag"], "cntr_readerr": ["short"], "cntr_wait": ["ETIMEDOUT", "EIO"],
          "ep_bind": ["ENOMEM", "EIO"], "cntr_open": ["ENOMEM", "wrap32"]}
+# The short form through ofi_compcntr (--layer-dir): SHORT without `lag`. Through the layer a
+# lagging provider read reaches the application as the provider gave it (one fi_cntr_read of
+# trigger's send counter shows 3 for 4, the next ones 4: not absorbed as the hook absorbs it,
+# not lost either; docs/reliability.md): the full sweep shows it, CI does not fail on it.
+LAYER_SHORT = {s: [c for c in codes if c != "lag"] for s, codes in SHORT.items()}
 # The provider the application names last is the one the hooks see (rxm over tcp, ...).
 TOP = {"tcp;ofi_rxm": "ofi_rxm", "udp;ofi_rxd": "ofi_rxd", "shm": "shm", "sockets": "sockets"}
 VALUE_CODES = ("short", "lag", "wrap32")
@@ -110,7 +115,7 @@ def one_run(program, provider, fault, fault_dir, hook_dir, timeout, hook=True, l
                    COMPCNTR_OFI_STATS=stats)
         argv = [program, "-p", provider + ";ofi_compcntr"]
     else:
-        env.update(FI_PROVIDER_PATH=f"{fault_dir}:{hook_dir}",
+        env.update(FI_PROVIDER_PATH=f"{fault_dir}:{hook_dir}" if hook_dir else fault_dir,
                    FI_HOOK="compcntr_fault;compcntr" if hook else "compcntr_fault",
                    COMPCNTR_FI_HOOK_STATS=stats)
         argv = [program, "-p", provider]
@@ -195,6 +200,10 @@ def main():
     ap.add_argument("--layer-dir", help="through ofi_compcntr: the directory of libofi_compcntr-fi.so "
                     "(-p PROVIDER becomes PROVIDER;ofi_compcntr; no compcntr hook)")
     ap.add_argument("--short", action="store_true", help="the CI form: a few sites x 2 codes, 1st call")
+    ap.add_argument("--attribute-program", help="with --layer-dir: a program that reaches the same "
+                    "setup calls without the layer (cntr_ops); a defect outcome is re-run on it with "
+                    "the fault provider alone over the bare provider, and the same outcome there "
+                    "makes it libfabric's (nohook-<outcome>)")
     ap.add_argument("--timeout", type=float, default=40, help="per run (a hang detector)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (at most 2 on a shared machine)")
     ap.add_argument("--site", action="append", help="only these sites")
@@ -230,7 +239,7 @@ def main():
             calls = {}
             for _, site, n in SITE_RE.findall(rep):
                 calls[site] = max(calls.get(site, 0), int(n))
-            table = SHORT if a.short else CODES
+            table = (LAYER_SHORT if a.layer_dir else SHORT) if a.short else CODES
             if a.fault:
                 for f in a.fault:
                     site, nth, code = f.split(":")
@@ -261,7 +270,20 @@ def main():
         # the hook's counters are meant to absorb them: no attribution run, a defect is compcntr's.
         # Through ofi_compcntr there is no run without compcntr: the programs ask for what only
         # the layer gives over these providers (FI_TRIGGER, deferred work, FI_RMA_EVENT).
-        if res in DEFECTS and code not in VALUE_CODES and not a.layer_dir:
+        if res in DEFECTS and code not in VALUE_CODES and a.layer_dir and a.attribute_program:
+            # The same fault on a program that needs no layer, with no compcntr code loaded.
+            aprog = a.attribute_program
+            if (aprog, prov) not in nohook_bases:
+                nohook_bases[(aprog, prov)] = one_run(aprog, prov, None, a.fault_dir, None,
+                                                      a.timeout, hook=False)[1]
+            st2, out2, err2, rep2, _, _ = one_run(aprog, prov, fault, a.fault_dir, None, a.timeout,
+                                                  hook=False)
+            res2 = classify(code, st2, out2, err2, rep2, nohook_bases[(aprog, prov)])
+            if res2 == res:
+                res = "nohook-" + res
+                detail = (f" (without ofi_compcntr or any compcntr code, "
+                          f"{os.path.basename(aprog)}: {res2})" + detail)
+        elif res in DEFECTS and code not in VALUE_CODES and not a.layer_dir:
             if (prog, prov) not in nohook_bases:
                 nohook_bases[(prog, prov)] = one_run(prog, prov, None, a.fault_dir, a.hook_dir,
                                                      a.timeout, hook=False)[1]
