@@ -428,8 +428,13 @@ int hook_cntr::wait(hook_cntr& hc, std::uint64_t threshold, int timeout) noexcep
     wa.progress = progress_spin_then_yield;
     wa.progress_ctx = &sty;
   } else {
+    // No provider counter any more (fi_close left the counter to compcntr: a trigger holds
+    // it): nothing to pull, but every check is still a round of ofi_compcntr's deferred work,
+    // as on every other counter (fuzz_fi_ofi found this wait running none).
     wa.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
     wa.spin_ns = cfg().wait_spin_ns;
+    wa.progress = progress_both;
+    wa.progress_ctx = h;
   }
   const int r = h->wait_cc(threshold, timeout, wa);
   if (r == 0 && h->sockets && err_since_readerr(h)) return -FI_EAVAIL;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <compcntr/fabric.h>
+#include <compcntr/trigger.h>
 
 #include <cstring>
 
@@ -155,4 +156,43 @@ TEST_CASE("fi_close of a counter armed work still updates is -FI_EBUSY until the
   CHECK(fi_control(&p->domain->fid, FI_CANCEL_WORK, &work3) == -FI_EALREADY); // cancelled before
   CHECK(fi_control(&p->domain->fid, FI_CANCEL_WORK, &work3) == -FI_ENOENT);   // and now forgotten
   CHECK(p->close_cntr(t3) == 0);
+}
+
+// fuzz_fi_ofi (tools/pending/fi_ofi-divergence, 2026-12-02): a counter whose fi_close closed the
+// provider's counter but not compcntr's (a compcntr trigger holds it: -FI_EBUSY, docs/hook.md)
+// waited without any progress hook, so its waits ran no round of the layer's deferred work,
+// unlike every other counter's (docs/ofi_compcntr.md: every wait check is a round). Deferred work
+// made due by a plain compcntr update (no round) is posted by the next wait on it now.
+TEST_CASE("a wait on a counter fi_close left to compcntr still runs the layer's deferred work") {
+  fid_cntr *trig = nullptr, *target = nullptr, *kept = nullptr;
+  auto p = open_or_fail([&](pair& p) {
+    for (fid_cntr** c : {&trig, &target, &kept})
+      if (int r = p.open_cntr(c)) return r;
+    return 0;
+  });
+  compcntr_comp_cntr* kept_cc = compcntr_fi_cntr_comp_cntr(kept);
+  REQUIRE(kept_cc != nullptr);
+  compcntr_trigger* hold = compcntr_trigger_arm_set(kept_cc, 1000, kept_cc, 0);
+  REQUIRE(hold != nullptr);
+  CHECK(fi_close(&kept->fid) == -FI_EBUSY); // the provider's counter is gone, compcntr's stays
+
+  fi_op_cntr op{target, 7};
+  fi_deferred_work work{};
+  work.threshold = 1;
+  work.triggering_cntr = trig;
+  work.op_type = FI_OP_CNTR_ADD;
+  work.op.cntr = &op;
+  REQUIRE(fi_control(&p->domain->fid, FI_QUEUE_WORK, &work) == 0);
+  // Due through compcntr alone: no libfabric call, so no round has posted it yet.
+  compcntr_comp_cntr* trig_cc = compcntr_fi_cntr_comp_cntr(trig);
+  compcntr_comp_cntr* target_cc = compcntr_fi_cntr_comp_cntr(target);
+  REQUIRE(compcntr_inc_comp_cntr(trig_cc, 1) == 0);
+  std::uint64_t v = 99;
+  REQUIRE(compcntr_read_comp_cntr(target_cc, &v) == 0);
+  CHECK(v == 0);
+  CHECK(fi_cntr_wait(kept, 1000, 0) == -FI_ETIMEDOUT); // one check: one round
+  REQUIRE(compcntr_read_comp_cntr(target_cc, &v) == 0);
+  CHECK(v == 7);
+  CHECK(compcntr_trigger_destroy(hold) == 0);
+  CHECK(p->close_cntr(kept) == 0);
 }
