@@ -3,6 +3,8 @@
 // entry point and records are provider.cpp, counters hook_cntr.cpp.
 #include "hook.hpp"
 
+#include "../cntr_base.hpp"
+
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
@@ -126,8 +128,7 @@ class trigger_swap {
     auto* t = static_cast<fi_triggered_context*>(const_cast<void*>(context));
     // event_type read as its integer: a C caller may store any value (a C++ load of one outside
     // the enum's range is undefined).
-    int event;
-    std::memcpy(&event, &t->event_type, sizeof event);
+    const int event = compcntr_fabric::raw_enum(t->event_type);
     if (event != FI_TRIGGER_THRESHOLD || t->trigger.threshold.cntr == nullptr) return;
     hook_cntr* h = as_hook_cntr(&t->trigger.threshold.cntr->fid);
     if (h == nullptr) return;

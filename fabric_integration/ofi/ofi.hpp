@@ -25,6 +25,7 @@
 #ifndef COMPCNTR_FABRIC_OFI_HPP
 #define COMPCNTR_FABRIC_OFI_HPP
 
+#include "../cntr_base.hpp"
 #include "hook.hpp"
 
 #include <compcntr/trigger.h>
@@ -50,16 +51,9 @@ using compcntr_hook::hook_cntr;
 constexpr std::uint64_t k_rma_event_data = 0xc0c7e17dULL;
 
 /// The integer in an enum field of the application's structures (fi_triggered_context's
-/// event_type, fi_deferred_work's op_type, an atomic's datatype and op). A C caller may store any
-/// int there; loading a value outside the C++ enum's range is undefined behaviour (issue 22: the
-/// fuzzer's UBSan report at check_ctx), so those fields are read as their integer.
-template <class E>
-inline int raw_int(const E& e) noexcept {
-  static_assert(sizeof(E) == sizeof(int), "libfabric enums are int-sized");
-  int v;
-  std::memcpy(&v, &e, sizeof v);
-  return v;
-}
+/// event_type, fi_deferred_work's op_type, an atomic's datatype and op): a C caller may store any
+/// int there (issue 22: UBSan at check_ctx). One helper for the libfabric layers: cntr_base.hpp.
+using compcntr_fabric::raw_enum;
 
 /// Caps the layer can add.
 constexpr std::uint64_t k_added_caps = FI_TRIGGER | FI_RMA_EVENT;

@@ -39,7 +39,7 @@ struct item {
   fi_addr_t addr = FI_ADDR_UNSPEC;
   void* context = nullptr; // the application's
   std::uint64_t data = 0, tag = 0, ignore = 0, value = 0;
-  int dt = 0, op = 0; // an atomic's datatype and op, as the application's integers (raw_int)
+  int dt = 0, op = 0; // an atomic's datatype and op, as the application's integers (raw_enum)
   std::vector<iovec> iov;
   std::vector<fi_ioc> ioc, res, cmp;
   std::vector<void*> desc, res_desc, cmp_desc;
@@ -118,7 +118,7 @@ domain_st* dom_of_ep(fid_ep* ep) noexcept {
 
 int check_ctx(const fi_triggered_context* tc) noexcept {
   if (tc == nullptr) return -FI_EINVAL;
-  if (raw_int(tc->event_type) != FI_TRIGGER_THRESHOLD) return -FI_ENOSYS;
+  if (raw_enum(tc->event_type) != FI_TRIGGER_THRESHOLD) return -FI_ENOSYS;
   if (hook_of(tc->trigger.threshold.cntr) == nullptr) return -FI_EINVAL;
   return 0;
 }
@@ -297,8 +297,8 @@ void fill_atomic_item(item* it, const fi_msg_atomic* msg, const fi_ioc* comparev
   it->desc = copy(msg->desc, msg->iov_count);
   it->rioc = copy(msg->rma_iov, msg->rma_iov_count);
   it->addr = msg->addr;
-  it->dt = raw_int(msg->datatype); // passed on as the application gave them
-  it->op = raw_int(msg->op);
+  it->dt = raw_enum(msg->datatype); // passed on as the application gave them
+  it->op = raw_enum(msg->op);
   it->context = msg->context;
   it->data = msg->data;
   if (kind >= 1) {
@@ -359,7 +359,7 @@ int queue_work(domain_st* ds, const fi_deferred_work* w) {
   it->completion = w->completion_cntr;
   fid_ep* ep = nullptr;
   try {
-    switch (raw_int(w->op_type)) {
+    switch (raw_enum(w->op_type)) {
       case FI_OP_RECV:
       case FI_OP_SEND: {
         const fi_op_msg* o = w->op.msg;
