@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace compcntr_ofi {
 
@@ -74,6 +75,73 @@ int query(uint32_t version, const char* node, const char* service, uint64_t flag
   const int r = fi_getinfo(version, node, service, flags, h, out);
   fi_freeinfo(h);
   return r;
+}
+
+const fi_info* find(const fi_info* list, const fi_info* e) noexcept;
+
+// query, preferring offset addressing: where the hints allow FI_MR_VIRT_ADDR (an application
+// that can use virtual addresses), each provider below is asked without it first and keeps its
+// FI_MR_VIRT_ADDR entry only where it has no other (verbs and efa require it; shm chooses it
+// whenever it is allowed). Offset addressing is what the software triggering provider (sockets)
+// gives and what programs written for it assume: fabtests' fi_rdm_deferred_wq writes to remote
+// address 0, which through shm's virtual addressing is EFAULT. Costs shm its "fast RMA" (the
+// initiator's process_vm_writev) for the layer's entries; documented in docs/ofi_compcntr.md.
+int query_offset_first(uint32_t version, const char* node, const char* service, uint64_t flags,
+                       const fi_info* hints, uint64_t strip, const std::string* name,
+                       fi_info** out) {
+  const uint64_t mm = hints->domain_attr ? hints->domain_attr->mr_mode : 0;
+  if (!(mm & FI_MR_VIRT_ADDR) || (mm & (FI_MR_BASIC | FI_MR_SCALABLE)))
+    return query(version, node, service, flags, hints, strip, name, out);
+  fi_info* h = fi_dupinfo(hints);
+  if (h == nullptr) return -FI_ENOMEM;
+  h->domain_attr->mr_mode &= ~static_cast<uint64_t>(FI_MR_VIRT_ADDR);
+  fi_info* offset = nullptr;
+  const int ro = query(version, node, service, flags, h, strip, name, &offset);
+  fi_freeinfo(h);
+  fi_info* virt = nullptr;
+  const int rv = query(version, node, service, flags, hints, strip, name, &virt);
+  if (rv != 0) {
+    *out = ro == 0 ? offset : nullptr;
+    return ro == 0 ? 0 : rv;
+  }
+  if (ro != 0) {
+    *out = virt;
+    return 0;
+  }
+  // The VIRT_ADDR list in its order, each entry replaced by the first unused offset entry of
+  // the same provider, endpoint type, domain and source address (tcp lists one per address).
+  const auto same = [](const fi_info* a, const fi_info* b) noexcept {
+    return find(a, b) == a && a->addr_format == b->addr_format &&
+           a->src_addrlen == b->src_addrlen &&
+           (a->src_addrlen == 0 || (a->src_addr && b->src_addr &&
+                                    std::memcmp(a->src_addr, b->src_addr, a->src_addrlen) == 0));
+  };
+  std::vector<const fi_info*> unused;
+  for (const fi_info* o = offset; o; o = o->next) unused.push_back(o);
+  fi_info *head = nullptr, *tail = nullptr;
+  for (fi_info* e = virt; e;) {
+    fi_info* next = e->next;
+    e->next = nullptr;
+    fi_info* pick = e;
+    for (const fi_info*& o : unused) {
+      if (o == nullptr) continue;
+      fi_info one = *o;
+      one.next = nullptr; // find() compares the one entry
+      if (!same(&one, e)) continue;
+      if (fi_info* d = fi_dupinfo(&one)) {
+        fi_freeinfo(e);
+        pick = d;
+        o = nullptr;
+      }
+      break;
+    }
+    (tail ? tail->next : head) = pick;
+    tail = pick;
+    e = next;
+  }
+  fi_freeinfo(offset);
+  *out = head;
+  return 0;
 }
 
 // The entry of `list` for the same provider and endpoint type as `e`, or nullptr.
@@ -141,8 +209,9 @@ int getinfo(uint32_t version, const char* node, const char* service, uint64_t fl
   // The providers that have everything asked for (sockets): not ours to layer over.
   if (!named) query(version, node, service, flags, hints, 0, np, &full.p);
   // The providers with the asked FI_RMA_EVENT of their own (shm, udp;ofi_rxd).
-  if (asked & FI_RMA_EVENT) query(version, node, service, flags, hints, FI_TRIGGER, np, &no_trig.p);
-  const int r = query(version, node, service, flags, hints, asked, np, &plain.p);
+  if (asked & FI_RMA_EVENT)
+    query_offset_first(version, node, service, flags, hints, FI_TRIGGER, np, &no_trig.p);
+  const int r = query_offset_first(version, node, service, flags, hints, asked, np, &plain.p);
   t_in_getinfo = false;
   if (r != 0) return r == -FI_ENOMEM ? r : -FI_ENODATA;
 

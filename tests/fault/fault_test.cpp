@@ -823,8 +823,18 @@ void family_rlimit() {
   // The device's engine thread starts now, with fds to spare: under ASan, starting a thread
   // with none left aborts in the sanitizer itself (pthread_getattr_np reads /proc/self/maps),
   // and UBSan's first vptr check of a class opens a pipe. What fails below is the cmd_comp's
-  // own eventfd.
-  compcntr_devx_destroy_cmd_comp(compcntr_devx_create_cmd_comp(d));
+  // own eventfd. One query answered proves the thread has run (its first checks included)
+  // before the limit drops: creating the cmd_comp only starts it (a CI run lost that race).
+  {
+    compcntr_devx_cmd_comp* wq = compcntr_devx_create_cmd_comp(d);
+    FCHECK(wq != nullptr, "create_cmd_comp with fds to spare");
+    if (wq) {
+      std::uint64_t id = 0;
+      FCHECK(compcntr_query_comp_cntr_async(c, 7, wq) == 0, "query_comp_cntr_async");
+      FCHECK(collect(wq, &id) == 0 && id == 7, "the engine answered");
+      compcntr_devx_destroy_cmd_comp(wq);
+    }
+  }
 #if COMPCNTR_FAULT_FABRIC
   // The adapter's classes once with fds to spare (the sanitizers' first checks of a class).
   fi_cntr_attr fa{};

@@ -614,19 +614,29 @@ void track_completer(unsigned seed) {
 }
 
 void track_quieter() {
-  std::uint64_t n = 0, err_seen = 0;
+  // The tracker reports the error value e_i it read inside quiet i, which lies between what
+  // this thread reads just before (lo) and just after (hi) the call. With the previous EIO's
+  // bounds [plo, phi] (0, 0 at creation): EIO needs e_i > e_prev, so hi > plo; a 0 needs
+  // e_i == e_prev, so lo <= phi (an error surely counted since the last report is not lost).
+  std::uint64_t n = 0, plo = 0, phi = 0;
   while (!stop.load(std::memory_order_relaxed)) {
     const std::uint64_t target = compcntr_tracker_issued(track_t);
+    std::uint64_t lo = 0, hi = 0;
+    compcntr_read_err_comp_cntr(track_c, &lo);
     const int r = compcntr_tracker_quiet(track_t, 200);
+    compcntr_read_err_comp_cntr(track_c, &hi);
     if (r == 0 || r == EIO) {
       const std::uint64_t done = compcntr_tracker_completed(track_t);
       REQ(done - target < (std::uint64_t{1} << 62),
           "quiet returned %d with %" PRIu64 " of %" PRIu64 " done", r, done, target);
-      std::uint64_t e = 0;
-      compcntr_read_err_comp_cntr(track_c, &e);
       if (r == EIO) {
-        REQ(e != err_seen, "quiet EIO without an error growth");
-        err_seen = e;
+        REQ(hi > plo, "quiet EIO without an error growth (%" PRIu64 " after, %" PRIu64
+            " before the previous EIO)", hi, plo);
+        plo = lo;
+        phi = hi;
+      } else {
+        REQ(lo <= phi, "quiet 0 after errors grew (%" PRIu64 " before, %" PRIu64
+            " after the previous EIO)", lo, phi);
       }
     } else {
       REQ(r == ETIMEDOUT, "tracker_quiet = %d", r);

@@ -196,3 +196,26 @@ TEST_CASE("a wait on a counter fi_close left to compcntr still runs the layer's 
   CHECK(compcntr_trigger_destroy(hold) == 0);
   CHECK(p->close_cntr(kept) == 0);
 }
+
+// Offset addressing first (provider.cpp, query_offset_first): hints that allow FI_MR_VIRT_ADDR
+// get the provider's offset entry where it has one. shm chooses virtual addressing whenever
+// the hints allow it, and fabtests' fi_rdm_deferred_wq (written for sockets' offsets) writes to
+// remote address 0: through shm's virtual addressing that was EFAULT ("error doing fast RMA")
+// and the program's triggering counter never reached its threshold.
+TEST_CASE("the layer's shm entry uses offset addressing: a write to remote address 0 lands") {
+  fid_cntr* wr = nullptr;
+  auto p = open_or_fail([&](pair& p) {
+    if (int r = p.open_cntr(&wr)) return r;
+    return fi_ep_bind(p.a.ep, &wr->fid, FI_WRITE);
+  });
+  CHECK((p->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) == 0);
+  std::memcpy(p->a.buf, "offset zero", 12);
+  std::memset(p->b.buf, 0, 12);
+  CHECK(p->post([&] {
+          return fi_write(p->a.ep, p->a.buf, 12, p->a.desc, p->b.addr, 0, p->b.key, p->ctx());
+        }) == 0);
+  CHECK(p->until([&] { return fi_cntr_read(wr) == 1 || fi_cntr_readerr(wr) != 0; }));
+  CHECK(fi_cntr_readerr(wr) == 0);
+  // shm without fast RMA: the target's progress copies the data in (until() drives both CQs)
+  CHECK(p->until([&] { return std::memcmp(p->b.buf, "offset zero", 12) == 0; }));
+}
