@@ -180,7 +180,7 @@ fid_cntr* hidden_of(hook_cntr* c) noexcept;
 /// A successful bind of the hidden counter (statistics; progress bookkeeping).
 void note_bound(hook_cntr* c) noexcept;
 /// Bindings to endpoints not enabled yet: the progress thread leaves such a counter alone (a
-/// provider's endpoint cannot be progressed before fi_enable: rxm crashes). install.cpp counts them
+/// provider's endpoint cannot be progressed before fi_enable: rxm crashes). ep.cpp counts them
 /// up at fi_ep_bind and down at fi_enable or fi_close of the endpoint.
 void pending_add(hook_cntr* c, int delta) noexcept;
 /// fi_poll_add / fi_poll_del of a hook counter (its hidden counter) succeeded: +1 / -1.
@@ -212,7 +212,9 @@ bool progress_all() noexcept;
 /// out, because an abandoned progress thread holds the live list.
 bool sum_live_counts(std::uint64_t& reads, std::uint64_t& readerrs, std::uint64_t& waits) noexcept;
 
-// ---- installing on objects (install.cpp) -----------------------------------------------------
+// ---- installing on objects: one unit per libfabric class -------------------------------------
+// fabric.cpp, domain.cpp, ep.cpp (endpoint control), ep_data.cpp (data calls), mr.cpp, poll.cpp;
+// the patched tables they share: patch.hpp.
 
 /// The provider's fabric() entry: installs on the fabric libfabric hands the hook.
 int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context);
@@ -220,8 +222,18 @@ int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context);
 int install_fabric_on(fid_fabric* f, const char* prov_name) noexcept;
 
 void install_domain(fid_domain* d, fabric_state* fs) noexcept;
+/// With the progress thread, a copy of `info` asking FI_THREAD_SAFE (the thread drives the
+/// domain's endpoints while the application calls them); nullptr when nothing is to change.
+fi_info* thread_safe_info(const fi_info* info) noexcept;
 /// Installs on an endpoint (any fid_ep class); trigger_*: FI_TRIGGER among its default flags.
 void install_ep(fid_ep* ep, bool trigger_tx = false, bool trigger_rx = false) noexcept;
+/// Installs the data-call tables on an endpoint: the *msg wrappers, or with `trigger_default`
+/// every call with a context (ep_data.cpp).
+void install_ep_data(fid_ep* ep, bool trigger_default) noexcept;
+/// The patched copy of a domain's MR table (mr.cpp); nullptr without memory.
+fi_ops_mr* patch_mr_ops(fi_ops_mr* ops) noexcept;
+/// Installs on a poll set (poll.cpp).
+void install_poll(fid_poll* p) noexcept;
 
 // ---- progress thread (progress.cpp) ----------------------------------------------------------
 

@@ -1,6 +1,7 @@
 // The compcntr hook provider (libcompcntr-fi.so, provider name ofi_hook_compcntr): what
 // libfabric loads -- fi_prov_ini and the fi_provider. The machinery it installs is shared with
-// the layered provider ofi_compcntr (provider.cpp, install.cpp, hook_cntr.cpp, progress.cpp).
+// the layered provider ofi_compcntr (provider.cpp, fabric.cpp, domain.cpp, ep.cpp,
+// ep_data.cpp, mr.cpp, poll.cpp, hook_cntr.cpp, progress.cpp).
 #include "hook.hpp"
 
 namespace compcntr_hook {

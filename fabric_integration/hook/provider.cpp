@@ -1,7 +1,8 @@
 // The compcntr hook machinery shared by the hook provider (main.cpp) and the layered provider
 // ofi_compcntr (../ofi/): the settings read from the environment, the statistics line, and the
-// records of the fabrics and domains it was installed on. The installation itself is install.cpp, counters are
-// hook_cntr.cpp, the optional progress thread progress.cpp (hook.hpp: the design).
+// records of the fabrics and domains it was installed on. The installation itself is one unit
+// per libfabric class (fabric.cpp, domain.cpp, ep.cpp, ep_data.cpp, mr.cpp, poll.cpp), counters
+// are hook_cntr.cpp, the optional progress thread progress.cpp (hook.hpp: the design).
 #include "hook.hpp"
 
 #include <rdma/fi_errno.h>

@@ -31,7 +31,7 @@
 //   compcntr-fault pid=P site=NAME calls=N          every site called at least once
 //   compcntr-fault pid=P injected site=NAME call=N code=CODE
 //
-// How it sits on objects: like the compcntr hook (fabric_integration/hook/install.cpp) it keeps
+// How it sits on objects: like the compcntr hook (fabric_integration/hook/patch.hpp and its users) it keeps
 // the provider's objects and points their ops tables at copies with a few entries replaced.
 // Unlike it, a wrapper cannot find the provider's table through the object (a hook above may
 // have replaced the table pointer again), so each object's record is found by its fid in a
