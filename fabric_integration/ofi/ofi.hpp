@@ -101,8 +101,12 @@ std::vector<domain_st*>& domains() noexcept;
 ep_st* find_ep(fid_ep* ep) noexcept;
 /// The endpoints of `d` (under mu()).
 std::vector<ep_st*> eps_of(domain_st* d) noexcept;
+// alias.cpp
 /// The endpoint an operation is posted on: an alias of ours stands for its endpoint.
 fid_ep* base_ep(fid_ep* ep) noexcept;
+/// fi_ep_alias(base, ...) the provider refused: an alias endpoint of the layer's. 0 or -FI_E*.
+int make_alias(fid_ep* base, struct fi_alias* arg);
+// ep.cpp (continued)
 /// The provider below's *msg calls (bypassing the layer and the machinery's wrappers).
 ssize_t post_sendmsg(fid_ep* ep, const fi_msg* msg, std::uint64_t flags) noexcept;
 ssize_t post_recvmsg(fid_ep* ep, const fi_msg* msg, std::uint64_t flags) noexcept;
