@@ -13,10 +13,6 @@
 // (hook_common.hpp): without the hook, and with it (caller progress). The progress thread is
 // not a P13 configuration: on a 2-CPU machine two ping-pong processes with a progress thread
 // each would oversubscribe the CPUs.
-#include <sched.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -26,6 +22,7 @@
 #include <vector>
 
 #include "../harness.hpp"
+#include "fi_process_pair.hpp"
 #include "hook_common.hpp"
 
 #if COMPCNTR_BENCH_HAVE_FABRIC
@@ -74,9 +71,7 @@ struct side {
   }
 };
 
-std::string fail(const char* call, int r) {
-  return std::string(call) + ": " + fi_strerror(r < 0 ? -r : r);
-}
+std::string fail(const char* call, int r) { return bench::fi_pair::fail(call, r, fi_strerror); }
 
 // Opens one side; the counters use FI_WAIT_UNSPEC (fi_cntr_wait needs a wait object).
 std::string open_side(side& s, const std::string& prov) {
@@ -115,25 +110,6 @@ std::string open_side(side& s, const std::string& prov) {
     return fail("fi_mr_reg", r);
   s.desc = fi_mr_desc(s.mr);
   return {};
-}
-
-bool xfer(int fd, void* p, std::size_t n, bool out) {
-  auto* c = static_cast<char*>(p);
-  while (n) {
-    const ssize_t k = out ? write(fd, c, n) : read(fd, c, n);
-    if (k <= 0) return false;
-    c += k;
-    n -= static_cast<std::size_t>(k);
-  }
-  return true;
-}
-
-void pin(int k) {
-  const auto& cpus = bench::allowed_cpus();
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpus[static_cast<std::size_t>(k) % cpus.size()], &set);
-  sched_setaffinity(0, sizeof set, &set);
 }
 
 // The ping-pong loop of one side: `count` round trips starting after `done` earlier ones.
@@ -176,74 +152,35 @@ int probe(const std::vector<std::string>& args) {
   const std::uint64_t iters = std::stoull(args[2]);
   const int samples = std::stoi(args[3]);
   const std::uint64_t warm = iters / 4 + 10;
-  int sp[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) != 0) return std::printf("error=socketpair\n"), 1;
-  std::fflush(stdout);
-  const pid_t pid = fork(); // before any libfabric call: each process initialises its own
-  if (pid < 0) return std::printf("error=fork\n"), 1;
-  const bool client = pid != 0;
-  const int fd = client ? sp[0] : sp[1];
-  close(client ? sp[1] : sp[0]);
-  pin(client ? 0 : 1);
+  bench::fi_pair::process pp;
+  if (const char* e = pp.start()) return std::printf("error=%s\n", e), 1;
+  const bool client = pp.client;
   int status = 0;
   {
     side s;
     std::string why = open_side(s, prov);
-    char name[256] = {};
-    std::size_t len = sizeof name;
-    if (why.empty()) {
-      const int r = fi_getname(&s.ep->fid, name, &len);
-      if (r) why = fail("fi_getname", r);
-    }
-    // Exchange names (a length of 0 says "failed").
-    std::uint64_t mine = why.empty() ? len : 0, theirs = 0;
-    char peer[256] = {};
-    bool ok = xfer(fd, &mine, sizeof mine, true) && xfer(fd, name, sizeof name, true) &&
-              xfer(fd, &theirs, sizeof theirs, false) && xfer(fd, peer, sizeof peer, false);
-    if (ok && mine && theirs) {
-      if (fi_av_insert(s.av, peer, 1, &s.peer, 0, nullptr) != 1)
-        why = "fi_av_insert failed", ok = false;
-    } else {
-      ok = false;
-      if (why.empty()) why = "the peer failed to open " + prov;
-    }
-    ssize_t r = ok ? fi_recv(s.ep, s.buf[1], msg, s.desc, FI_ADDR_UNSPEC, &s.ctx[1]) : -1;
-    ok = ok && r == 0;
-    char go = ok ? 1 : 0, peer_go = 0;
-    ok = xfer(fd, &go, 1, true) && xfer(fd, &peer_go, 1, false) && ok && peer_go;
+    bench::fi_pair::hello<bench::fi_pair::nothing> mine, theirs;
+    bool ok = bench::fi_pair::meet(pp, s.ep, s.av, &s.peer, mine, theirs, why, prov);
+    ok = pp.handshake(ok && fi_recv(s.ep, s.buf[1], msg, s.desc, FI_ADDR_UNSPEC, &s.ctx[1]) == 0);
     std::uint64_t done = 0;
-    if (ok) ok = loop(s, client, polling, done, warm), done += warm;
-    std::vector<double> out;
-    for (int k = 0; ok && k < samples; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      ok = loop(s, client, polling, done, iters);
-      const double ns =
-          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-      done += iters;
-      out.push_back(ns / (2.0 * static_cast<double>(iters)));
-    }
+    const auto out = bench::fi_pair::sample(
+        [&](std::uint64_t n) {
+          const bool r = loop(s, client, polling, done, n);
+          done += n;
+          return r;
+        },
+        warm, iters, samples, 2.0 * static_cast<double>(iters), ok);
     // Both sides finish before either closes (a closed peer could stall the other's last reply).
-    go = ok ? 1 : 0;
-    const bool ended = xfer(fd, &go, 1, true) && xfer(fd, &peer_go, 1, false);
+    const bool both = pp.handshake(ok);
     if (client) {
       std::printf("served=%d\n", compcntr_fi_cntr_comp_cntr(s.rx) != nullptr ? 1 : 0);
       std::printf("n=%llu\n", static_cast<unsigned long long>(iters));
-      if (!ok || !ended || !peer_go) {
-        std::printf("error=%s\n", why.empty() ? "the ping-pong stalled or failed" : why.c_str());
-        status = 1;
-      } else {
-        for (std::size_t k = 0; k < out.size(); ++k) std::printf("s%zu=%.2f\n", k, out[k]);
-      }
+      status = bench::fi_pair::report(both, why, "the ping-pong stalled or failed", out);
     } else {
       status = ok ? 0 : 1;
     }
   }
-  close(fd);
-  if (!client) _exit(status);
-  int cs = 0;
-  waitpid(pid, &cs, 0);
-  std::fflush(stdout);
-  return status != 0 ? status : (WIFEXITED(cs) && WEXITSTATUS(cs) == 0 ? 0 : 1);
+  return pp.finish(status);
 }
 
 #else

@@ -19,10 +19,6 @@
 //       fi_cq_read; the client sends and waits for its send and receive entries, the server
 //       waits for its receive, reposts and replies. Result: ns one-way.
 // The layer is loaded by FI_PROVIDER_PATH=<its build dir> in the probe's process only.
-#include <sched.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -34,6 +30,7 @@
 #include <vector>
 
 #include "../harness.hpp"
+#include "fi_process_pair.hpp"
 #include "hook_common.hpp"
 
 #if COMPCNTR_BENCH_HAVE_FABRIC
@@ -89,9 +86,7 @@ struct side {
   }
 };
 
-std::string fail(const char* call, int r) {
-  return std::string(call) + ": " + fi_strerror(r < 0 ? -r : r);
-}
+std::string fail(const char* call, int r) { return bench::fi_pair::fail(call, r, fi_strerror); }
 
 // counters: the (b) form (selective CQ, counters); otherwise (c): CQ entries for everything.
 std::string open_side(side& s, const std::string& prov, std::uint64_t caps, bool counters) {
@@ -133,25 +128,6 @@ std::string open_side(side& s, const std::string& prov, std::uint64_t caps, bool
     return fail("fi_mr_reg", r);
   s.desc = fi_mr_desc(s.mr);
   return {};
-}
-
-bool xfer(int fd, void* p, std::size_t n, bool out) {
-  auto* c = static_cast<char*>(p);
-  while (n) {
-    const ssize_t k = out ? write(fd, c, n) : read(fd, c, n);
-    if (k <= 0) return false;
-    c += k;
-    n -= static_cast<std::size_t>(k);
-  }
-  return true;
-}
-
-void pin(int k) {
-  const auto& cpus = bench::allowed_cpus();
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpus[static_cast<std::size_t>(k) % cpus.size()], &set);
-  sched_setaffinity(0, sizeof set, &set);
 }
 
 struct remote {
@@ -288,85 +264,43 @@ int probe(const std::vector<std::string>& args) {
   std::uint64_t caps = FI_MSG;
   if (m != mode::pingpong) caps |= FI_RMA;
   if (m == mode::triggered || (m == mode::pingpong && layered)) caps |= FI_TRIGGER;
-  int sp[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) != 0) return std::printf("error=socketpair\n"), 1;
-  std::fflush(stdout);
-  const pid_t pid = fork(); // before any libfabric call: each process initialises its own
-  if (pid < 0) return std::printf("error=fork\n"), 1;
-  const bool client = pid != 0;
-  const int fd = client ? sp[0] : sp[1];
-  close(client ? sp[1] : sp[0]);
-  pin(client ? 0 : 1);
+  bench::fi_pair::process pp;
+  if (const char* e = pp.start()) return std::printf("error=%s\n", e), 1;
+  const bool client = pp.client;
   int status = 0;
   {
     side s;
     std::string why = open_side(s, prov, caps, m != mode::pingpong);
-    char name[256] = {};
-    std::size_t len = sizeof name;
-    if (why.empty()) {
-      const int r = fi_getname(&s.ep->fid, name, &len);
-      if (r) why = fail("fi_getname", r);
-    }
-    // Names, then this side's write target as the peer addresses it (a length of 0: failed).
-    remote mine_r, peer_r;
+    // Name and this side's write target as the peer addresses it.
+    bench::fi_pair::hello<remote> mine, theirs;
     if (why.empty()) {
       const bool virt = (s.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
-      mine_r.addr = virt ? reinterpret_cast<std::uint64_t>(s.buf[3]) : 3 * msg;
-      mine_r.key = fi_mr_key(s.mr);
+      mine.extra.addr = virt ? reinterpret_cast<std::uint64_t>(s.buf[3]) : 3 * msg;
+      mine.extra.key = fi_mr_key(s.mr);
     }
-    std::uint64_t mine = why.empty() ? len : 0, theirs = 0;
-    char peer[256] = {};
-    bool ok = xfer(fd, &mine, sizeof mine, true) && xfer(fd, name, sizeof name, true) &&
-              xfer(fd, &mine_r, sizeof mine_r, true) && xfer(fd, &theirs, sizeof theirs, false) &&
-              xfer(fd, peer, sizeof peer, false) && xfer(fd, &peer_r, sizeof peer_r, false);
-    if (ok && mine && theirs) {
-      if (fi_av_insert(s.av, peer, 1, &s.peer, 0, nullptr) != 1)
-        why = "fi_av_insert failed", ok = false;
-    } else {
-      ok = false;
-      if (why.empty()) why = "the peer failed to open " + prov;
-    }
-    ok = ok && recv(s);
-    char go = ok ? 1 : 0, peer_go = 0;
-    ok = xfer(fd, &go, 1, true) && xfer(fd, &peer_go, 1, false) && ok && peer_go;
+    bool ok = bench::fi_pair::meet(pp, s.ep, s.av, &s.peer, mine, theirs, why, prov);
+    ok = pp.handshake(ok && recv(s));
     std::uint64_t done = 0;
-    auto run = [&](std::uint64_t n) {
-      const bool r = m == mode::pingpong ? rounds_c(s, client, done, n)
-                                         : rounds_b(s, peer_r, client, m, done, n);
-      done += n;
-      return r;
-    };
-    if (ok) ok = run(warm);
-    std::vector<double> out;
-    for (int k = 0; ok && k < samples; ++k) {
-      const auto t0 = clk::now();
-      ok = run(iters);
-      const double ns = std::chrono::duration<double, std::nano>(clk::now() - t0).count();
-      out.push_back(ns / ((m == mode::pingpong ? 2.0 : 1.0) * static_cast<double>(iters)));
-    }
-    go = ok ? 1 : 0;
-    const bool ended = xfer(fd, &go, 1, true) && xfer(fd, &peer_go, 1, false);
+    const auto out = bench::fi_pair::sample(
+        [&](std::uint64_t n) {
+          const bool r = m == mode::pingpong ? rounds_c(s, client, done, n)
+                                             : rounds_b(s, theirs.extra, client, m, done, n);
+          done += n;
+          return r;
+        },
+        warm, iters, samples, (m == mode::pingpong ? 2.0 : 1.0) * static_cast<double>(iters), ok);
+    const bool both = pp.handshake(ok); // neither closes while the other still needs it
     if (client) {
       const char* pn = s.info && s.info->fabric_attr ? s.info->fabric_attr->prov_name : "";
       std::printf("layered=%d\n", std::strstr(pn, "ofi_compcntr") != nullptr ? 1 : 0);
       std::printf("provider=%s\n", pn);
       std::printf("n=%llu\n", static_cast<unsigned long long>(iters));
-      if (!ok || !ended || !peer_go) {
-        std::printf("error=%s\n", why.empty() ? "the rounds stalled or failed" : why.c_str());
-        status = 1;
-      } else {
-        for (std::size_t k = 0; k < out.size(); ++k) std::printf("s%zu=%.2f\n", k, out[k]);
-      }
+      status = bench::fi_pair::report(both, why, "the rounds stalled or failed", out);
     } else {
       status = ok ? 0 : 1;
     }
   }
-  close(fd);
-  if (!client) _exit(status);
-  int cs = 0;
-  waitpid(pid, &cs, 0);
-  std::fflush(stdout);
-  return status != 0 ? status : (WIFEXITED(cs) && WEXITSTATUS(cs) == 0 ? 0 : 1);
+  return pp.finish(status);
 }
 
 #else
