@@ -53,7 +53,8 @@ namespace {
 #if COMPCNTR_BENCH_HAVE_FABRIC
 
 constexpr std::size_t msg = 64;
-constexpr std::uint64_t k_requested_key = 0x17; // the key asked for where keys are not the provider's
+constexpr std::uint64_t k_requested_key =
+    0x17; // the key asked for where keys are not the provider's
 
 struct side {
   fi_info* info = nullptr;
@@ -123,8 +124,7 @@ std::string open_side(side& s, const std::string& prov, std::uint64_t caps, bool
   }
   if ((r = fi_enable(s.ep))) return fail("fi_enable", r);
   const std::uint64_t access = FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE;
-  if ((r = fi_mr_reg(s.domain, s.buf, sizeof s.buf, access, 0, k_requested_key, 0, &s.mr,
-                     nullptr)))
+  if ((r = fi_mr_reg(s.domain, s.buf, sizeof s.buf, access, 0, k_requested_key, 0, &s.mr, nullptr)))
     return fail("fi_mr_reg", r);
   s.desc = fi_mr_desc(s.mr);
   return {};
@@ -197,8 +197,7 @@ bool rounds_b(side& s, const remote& peer, bool client, mode m, std::uint64_t do
       if (m == mode::by_hand) {
         char* src = source(s, i);
         if (!post(s, [&] {
-              return fi_write(s.ep, src, sizeof i, s.desc, s.peer, peer.addr, peer.key,
-                              &s.ctx[0]);
+              return fi_write(s.ep, src, sizeof i, s.desc, s.peer, peer.addr, peer.key, &s.ctx[0]);
             }))
           return false;
       }
@@ -320,8 +319,7 @@ struct config {
 // Runs every configuration `rounds` times, alternating, in fresh processes (FI_PROVIDER_PATH
 // holds the layer only for a provider name that ends in ofi_compcntr).
 std::vector<bench::result> collect(const bench::context& ctx, const std::vector<config>& cs,
-                                   int samples, int rounds,
-                                   const std::string& unit) {
+                                   int samples, int rounds, const std::string& unit) {
   std::vector<std::vector<double>> all(cs.size());
   std::vector<bench::result> out(cs.size());
   const std::string dir = COMPCNTR_BENCH_OFI_DIR;
@@ -338,8 +336,8 @@ std::vector<bench::result> collect(const bench::context& ctx, const std::vector<
       if (layered) setenv("FI_PROVIDER_PATH", dir.c_str(), 1);
       std::string why;
       auto kv = ctx.run_probe(
-          "p17-ofi", {cs[k].provider, cs[k].mode, std::to_string(cs[k].iters), std::to_string(samples)},
-          why);
+          "p17-ofi",
+          {cs[k].provider, cs[k].mode, std::to_string(cs[k].iters), std::to_string(samples)}, why);
       unsetenv("FI_PROVIDER_PATH");
       if (!kv.empty() && kv["layered"] != (layered ? "1" : "0")) {
         why = "the endpoint's provider is " + kv["provider"] + ", not the one asked for";
@@ -375,14 +373,13 @@ void run(bench::context& ctx) {
   const std::uint64_t iters = ctx.opt.smoke ? 30 : 2'000;
   const std::uint64_t sockets_iters = ctx.opt.smoke ? 3 : 20;
   {
-    auto r = collect(ctx,
-                     {{"triggered write (tcp;ofi_rxm;ofi_compcntr)", "tcp;ofi_rxm;ofi_compcntr",
-                       "triggered", iters},
-                      {"wait on the counter, then fi_write (tcp;ofi_rxm)", "tcp;ofi_rxm",
-                       "by_hand", iters},
-                      {"triggered write (sockets' own triggers)", "sockets", "triggered",
-                       sockets_iters}},
-                     samples, rounds, "ns per round trip");
+    auto r = collect(
+        ctx,
+        {{"triggered write (tcp;ofi_rxm;ofi_compcntr)", "tcp;ofi_rxm;ofi_compcntr", "triggered",
+          iters},
+         {"wait on the counter, then fi_write (tcp;ofi_rxm)", "tcp;ofi_rxm", "by_hand", iters},
+         {"triggered write (sockets' own triggers)", "sockets", "triggered", sockets_iters}},
+        samples, rounds, "ns per round trip");
     ctx.add(bench::compare("P17", b + ": triggered through ofi_compcntr vs by hand", r[0], r[1],
                            bench::goal::ratio_at_most, 1.1));
     ctx.add(bench::compare("P17", b + ": sockets' own triggers vs by hand on tcp;ofi_rxm", r[2],
@@ -401,6 +398,6 @@ void run(bench::context& ctx) {
 
 } // namespace
 
-COMPCNTR_BENCH_ROW("P17", "ofi_compcntr: a triggered RMA write and the plain path through the layer",
-                   run);
+COMPCNTR_BENCH_ROW("P17",
+                   "ofi_compcntr: a triggered RMA write and the plain path through the layer", run);
 COMPCNTR_BENCH_PROBE("p17-ofi", probe);

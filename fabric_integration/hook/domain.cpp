@@ -44,8 +44,6 @@ class work_swap {
   fid_cntr* comp_ = nullptr;
 };
 
-
-
 fid_domain* dom_of(fid* f) noexcept { return reinterpret_cast<fid_domain*>(f); }
 
 int dom_close(fid* f) {

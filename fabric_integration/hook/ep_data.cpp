@@ -46,7 +46,6 @@ class trigger_swap {
   trigger_swap& operator=(const trigger_swap&) = delete;
 };
 
-
 ssize_t msg_sendmsg(fid_ep* ep, const fi_msg* msg, std::uint64_t flags) {
   if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
     return l->sendmsg(ep, msg, flags, false, nullptr);

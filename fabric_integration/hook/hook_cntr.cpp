@@ -26,7 +26,6 @@
 namespace compcntr_hook {
 using namespace cntr_detail;
 
-
 // ---- the live list (progress thread, statistics) ----------------------------------------------
 
 std::mutex live_mu;
@@ -48,7 +47,6 @@ void live_remove(hook_cntr* h) noexcept {
   if (h->next) h->next->prev = h->prev;
   h->prev = h->next = nullptr;
 }
-
 
 // fi_cntr_read / fi_cntr_readerr (cntr_base's table: drive, after, then cc's value). Caller
 // progress: pull from the provider (which runs its progress, as fi_cntr_read of the provider's
@@ -144,7 +142,6 @@ int hook_cntr::update(hook_cntr& h, update_op op, std::uint64_t v) noexcept {
   }
   return -FI_EINVAL;
 }
-
 
 namespace {
 
@@ -399,7 +396,6 @@ int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* con
   *cntr = &h->cntr;
   return 0;
 }
-
 
 bool progress_all() noexcept {
   bool any = false;

@@ -75,7 +75,9 @@ using compcntr_fabric::update_op;
 inline hook_cntr* of(fid* f) noexcept { return compcntr_fabric::of<hook_cntr>(f); }
 
 // The integer in the wait object field (a C caller may store any int there).
-inline int raw_wait(const fi_cntr_attr& a) noexcept { return compcntr_fabric::raw_enum(a.wait_obj); }
+inline int raw_wait(const fi_cntr_attr& a) noexcept {
+  return compcntr_fabric::raw_enum(a.wait_obj);
+}
 
 // Whether the progress thread drives this counter now: a thread domain, and no binding to an
 // endpoint that is not enabled yet (or whose bind failed). Otherwise the application's calls

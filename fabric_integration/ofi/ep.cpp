@@ -22,7 +22,6 @@ std::unordered_map<fid_ep*, ep_st*>& eps() noexcept {
 // Whether any domain emulates FI_RMA_EVENT (the writes of every other program pay one load).
 std::atomic<int> g_emulating{0};
 
-
 // ---- layer_ops: endpoints ----------------------------------------------------------------------
 
 void ep_opened(fid_ep* ep, fid_domain* d, const fi_info* info) {
@@ -145,7 +144,6 @@ std::vector<ep_st*> eps_of(domain_st* d) noexcept {
     }
   return v;
 }
-
 
 using compcntr_hook::orig_of;
 

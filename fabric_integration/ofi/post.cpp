@@ -129,7 +129,6 @@ void post_ready() noexcept {
   }
 }
 
-
 void inflight_cqs(std::vector<fid_cq*>& out) noexcept {
   std::lock_guard lk(mu());
   out.clear();
@@ -160,6 +159,5 @@ void* item_completed(item* it, bool error, bool* app_wants) noexcept {
   finish(it);
   return ctx;
 }
-
 
 } // namespace compcntr_ofi

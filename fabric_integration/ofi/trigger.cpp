@@ -16,7 +16,6 @@
 
 namespace compcntr_ofi {
 
-
 namespace {
 
 template <class T>

@@ -630,13 +630,16 @@ void track_quieter() {
       REQ(done - target < (std::uint64_t{1} << 62),
           "quiet returned %d with %" PRIu64 " of %" PRIu64 " done", r, done, target);
       if (r == EIO) {
-        REQ(hi > plo, "quiet EIO without an error growth (%" PRIu64 " after, %" PRIu64
-            " before the previous EIO)", hi, plo);
+        REQ(hi > plo,
+            "quiet EIO without an error growth (%" PRIu64 " after, %" PRIu64
+            " before the previous EIO)",
+            hi, plo);
         plo = lo;
         phi = hi;
       } else {
-        REQ(lo <= phi, "quiet 0 after errors grew (%" PRIu64 " before, %" PRIu64
-            " after the previous EIO)", lo, phi);
+        REQ(lo <= phi,
+            "quiet 0 after errors grew (%" PRIu64 " before, %" PRIu64 " after the previous EIO)",
+            lo, phi);
       }
     } else {
       REQ(r == ETIMEDOUT, "tracker_quiet = %d", r);

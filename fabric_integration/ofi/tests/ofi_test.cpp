@@ -212,8 +212,8 @@ TEST_CASE("the layer's shm entry uses offset addressing: a write to remote addre
   std::memcpy(p->a.buf, "offset zero", 12);
   std::memset(p->b.buf, 0, 12);
   CHECK(p->post([&] {
-          return fi_write(p->a.ep, p->a.buf, 12, p->a.desc, p->b.addr, 0, p->b.key, p->ctx());
-        }) == 0);
+    return fi_write(p->a.ep, p->a.buf, 12, p->a.desc, p->b.addr, 0, p->b.key, p->ctx());
+  }) == 0);
   CHECK(p->until([&] { return fi_cntr_read(wr) == 1 || fi_cntr_readerr(wr) != 0; }));
   CHECK(fi_cntr_readerr(wr) == 0);
   // shm without fast RMA: the target's progress copies the data in (until() drives both CQs)
