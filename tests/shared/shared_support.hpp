@@ -4,6 +4,7 @@
 #ifndef COMPCNTR_TESTS_SHARED_SUPPORT_HPP
 #define COMPCNTR_TESTS_SHARED_SUPPORT_HPP
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -119,6 +120,9 @@ struct seg_view {
     return reinterpret_cast<shm::record*>(static_cast<char*>(base) +
                                           shm::records_offset(hdr().cell_count))[i];
   }
+  shm::cell& cell(std::uint32_t i) const {
+    return reinterpret_cast<shm::cell*>(static_cast<char*>(base) + shm::cells_offset())[i];
+  }
   /// Cells whose record is not free (held by some process).
   std::uint32_t cells_in_use() const {
     std::uint32_t n = 0;
@@ -132,6 +136,17 @@ struct seg_view {
     return n;
   }
 };
+
+/// Entries of a /proc/self directory ("fd", "task"): open fds, threads.
+inline int proc_self_entries(const char* what) {
+  const std::string dir = std::string("/proc/self/") + what;
+  int n = 0;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
 
 /// Waits (yielding, bounded by `max_spins` yields) until pred() holds; false on give-up.
 template <class Pred>
