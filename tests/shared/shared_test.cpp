@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <system_error>
@@ -818,10 +820,6 @@ TEST_CASE("shared counters: credits, completion tracker and poll work across pro
     CHILD_CHECK(compcntr_comp_cntr_release(pb) == 0);
     CHILD_CHECK(compcntr_close_device(cd) == 0);
   });
-  errno = 0;  // triggers hear only this process's updates: refused on shared counters, named
-  CHECK(compcntr_trigger_arm(a, 1, [](void*, int) {}, nullptr, COMPCNTR_TRIGGER_INLINE) == nullptr);
-  CHECK(errno == ENOTSUP);
-  CHECK(contains(compcntr_last_error_message(), "shared counter"));
   REQUIRE(compcntr_credits_acquire(cr, 0, 2, 0) == 0);          // the window
   CHECK(compcntr_credits_acquire(cr, 0, 1, 0) == ETIMEDOUT);    // empty until the peer returns
   REQUIRE(compcntr_tracker_issue(t, 3) == 0);
@@ -1328,6 +1326,227 @@ TEST_CASE("shared fds: stress (TSan): foreign updates, re-arms and armed counter
   churn.join();
   CHECK(bad == 0);
   CHECK(churn_errors.load() == 0);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+// ---- triggers on shared counters (docs/shared.md, "Triggers") ------------------------------
+
+namespace {
+
+// What a trigger's action saw: it runs once with a status; the eventfd tells the test.
+struct fired_rec {
+  compcntr_comp_cntr* c = nullptr;
+  int efd = -1;
+  std::atomic<int> runs{0};
+  std::atomic<int> status{-1};
+  std::atomic<std::uint64_t> seen{0};
+  std::atomic<bool> on_main{false};
+  std::thread::id main = std::this_thread::get_id();
+};
+
+void record_fire(void* p, int status) {
+  auto* r = static_cast<fired_rec*>(p);
+  std::uint64_t v = 0;
+  if (status == 0) compcntr_read_comp_cntr(r->c, &v);
+  r->seen.store(v);
+  r->status.store(status);
+  r->on_main.store(std::this_thread::get_id() == r->main);
+  r->runs.fetch_add(1);
+  const std::uint64_t one = 1;
+  if (::write(r->efd, &one, sizeof one) != 8) std::abort();
+}
+
+}  // namespace
+
+TEST_CASE("shared triggers: another process's update crossing the threshold fires it, once") {
+  seg_name n("trig");
+  const int tasks0 = proc_self_entries("task");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  fired_rec rec;
+  rec.c = c;
+  rec.efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  REQUIRE(rec.efd >= 0);
+  compcntr_trigger* t = compcntr_trigger_arm(c, 5, record_fire, &rec, COMPCNTR_TRIGGER_INLINE);
+  INFO(compcntr_last_error_message());
+  REQUIRE(t != nullptr);
+  CHECK(proc_self_entries("task") == tasks0 + 1);  // the device's watcher
+  channel step, ack;
+  const pid_t pid = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    compcntr_comp_cntr* r = child_resolve(cd, id);
+    char x = 0;
+    for (int k = 0; k < 2; ++k) {
+      CHILD_CHECK(step.recv(x));
+      CHILD_CHECK(compcntr_inc_comp_cntr(r, 3) == 0);
+      ack.send('a');
+    }
+    CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+    CHILD_CHECK(compcntr_close_device(cd) == 0);
+  });
+  char a = 0;
+  step.send('g');  // 3: below
+  REQUIRE(ack.recv(a));
+  CHECK(readable(rec.efd, 50) == 0);
+  CHECK(rec.runs.load() == 0);
+  step.send('g');  // 6: crosses 5
+  REQUIRE(ack.recv(a));
+  CHECK(readable(rec.efd, 10000) == 1);
+  CHECK(rec.runs.load() == 1);
+  CHECK(rec.status.load() == 0);
+  CHECK(rec.seen.load() == 6);
+  CHECK_FALSE(rec.on_main.load());  // on the watcher thread: our thread did not update
+  CHECK(eventually([&] { return compcntr_trigger_state(t) == 1; }));  // set once fn returned
+  CHECK(reap(pid) == 0);
+  CHECK(compcntr_trigger_destroy(t) == 0);
+  std::uint64_t drained = 0;
+  REQUIRE(::read(rec.efd, &drained, 8) == 8);
+  // This process's own update: inline, in the updating thread or on the watcher (woken by the
+  // same update), whichever reaches the counter's triggers first (combined firing).
+  fired_rec own;
+  own.c = c;
+  own.efd = rec.efd;
+  compcntr_trigger* t2 = compcntr_trigger_arm(c, 7, record_fire, &own, COMPCNTR_TRIGGER_INLINE);
+  REQUIRE(t2 != nullptr);
+  CHECK(readable(rec.efd, 50) == 0);
+  CHECK(own.runs.load() == 0);
+  REQUIRE(compcntr_inc_comp_cntr(c, 1) == 0);
+  CHECK(readable(rec.efd, 10000) == 1);
+  CHECK(own.runs.load() == 1);
+  CHECK(own.status.load() == 0);
+  CHECK(own.seen.load() == 7);
+  CHECK(eventually([&] { return compcntr_trigger_state(t2) == 1; }));
+  CHECK(compcntr_trigger_destroy(t2) == 0);
+  // Armed at destroy: cancelled (ECANCELED), as on a private counter.
+  fired_rec late;
+  late.c = c;
+  late.efd = rec.efd;
+  compcntr_trigger* t3 = compcntr_trigger_arm(c, 100, record_fire, &late, COMPCNTR_TRIGGER_INLINE);
+  REQUIRE(t3 != nullptr);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(late.runs.load() == 1);
+  CHECK(late.status.load() == ECANCELED);
+  CHECK(compcntr_trigger_destroy(t3) == 0);
+  ::close(rec.efd);
+  CHECK(compcntr_close_device(d) == 0);
+  CHECK(proc_self_entries("task") == tasks0);
+}
+
+TEST_CASE("shared triggers: a chain of 40 thresholds crossed by 4 processes, deferred too") {
+  seg_name n("trigmany");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  constexpr int updaters = 4, chain = 40;
+  constexpr std::uint64_t per = 1000, total = per * updaters, step = total / chain;
+  const int efd = ::eventfd(0, EFD_CLOEXEC);
+  REQUIRE(efd >= 0);
+  std::vector<std::unique_ptr<fired_rec>> recs;
+  std::vector<compcntr_trigger*> ts;
+  for (int k = 0; k < chain; ++k) {
+    recs.push_back(std::make_unique<fired_rec>());
+    recs.back()->c = c;
+    recs.back()->efd = efd;
+    const std::uint32_t mode = k % 2 ? COMPCNTR_TRIGGER_DEFERRED : COMPCNTR_TRIGGER_INLINE;
+    ts.push_back(compcntr_trigger_arm(c, step * (k + 1), record_fire, recs.back().get(), mode));
+    REQUIRE(ts.back() != nullptr);
+  }
+  REQUIRE(compcntr_trigger_service_start(d) == 0);  // runs the deferred ones
+  channel start;
+  std::vector<pid_t> kids;
+  for (int k = 0; k < updaters; ++k)
+    kids.push_back(spawn([&] {
+      compcntr_device* cd = child_open(n);
+      compcntr_comp_cntr* r = child_resolve(cd, id);
+      char go = 0;
+      CHILD_CHECK(start.recv(go));
+      for (std::uint64_t i = 0; i < per; ++i) CHILD_CHECK(compcntr_inc_comp_cntr(r, 1) == 0);
+      CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+      CHILD_CHECK(compcntr_close_device(cd) == 0);
+    }));
+  for (int k = 0; k < updaters; ++k) start.send('g');
+  std::uint64_t got = 0;
+  while (got < chain) {
+    std::uint64_t v = 0;
+    REQUIRE(readable(efd, 20000) == 1);
+    REQUIRE(::read(efd, &v, 8) == 8);
+    got += v;
+  }
+  for (pid_t p : kids) CHECK(reap(p) == 0);
+  CHECK(got == chain);
+  for (int k = 0; k < chain; ++k) {
+    INFO("trigger " << k);
+    CHECK(recs[k]->runs.load() == 1);
+    CHECK(recs[k]->status.load() == 0);
+    CHECK(recs[k]->seen.load() >= step * (k + 1));
+    CHECK(eventually([&] { return compcntr_trigger_state(ts[k]) == 1; }));  // once fn returned
+    CHECK(compcntr_trigger_destroy(ts[k]) == 0);
+  }
+  CHECK(value(c) == total);
+  CHECK(compcntr_trigger_service_stop(d) == 0);
+  ::close(efd);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+TEST_CASE("shared triggers: a forked child cannot arm on a parent's device (EOWNERDEAD)") {
+  seg_name n("trigfork");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const pid_t pid = spawn([&] {
+    errno = 0;
+    CHILD_CHECK(compcntr_trigger_arm(c, 1, [](void*, int) {}, nullptr, COMPCNTR_TRIGGER_INLINE) ==
+                nullptr);
+    CHILD_CHECK(errno == EOWNERDEAD);
+    CHILD_CHECK(contains(compcntr_last_error_message(), "trigger_arm"));
+  });
+  CHECK(reap(pid) == 0);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+TEST_CASE("shared triggers: stress (TSan): foreign updates fire triggers re-armed 300 times") {
+  seg_name n("trigstress");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  seg_view view(n);
+  REQUIRE(view);
+  std::atomic<bool> stop{false};
+  std::thread foreign([&] {
+    shm::header& h = view.hdr();
+    shm::cell& cell = view.cell(id.index);
+    for (unsigned k = 0; !stop.load(std::memory_order_relaxed); ++k) {
+      cell.h[k & 1].value.fetch_add(1, std::memory_order_seq_cst);
+      if (h.sleepers.load(std::memory_order_seq_cst) != 0) {
+        h.wake_seq.fetch_add(1, std::memory_order_release);
+        ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&h.wake_seq), FUTEX_WAKE, INT_MAX,
+                  nullptr, nullptr, 0);
+      }
+      if (k % 64 == 0) std::this_thread::yield();
+    }
+  });
+  const int efd = ::eventfd(0, EFD_CLOEXEC);
+  REQUIRE(efd >= 0);
+  int bad = 0;
+  for (int round = 0; round < 300; ++round) {
+    fired_rec r;
+    r.c = c;
+    r.efd = efd;
+    const std::uint64_t thr = value(c) + 1 + static_cast<std::uint64_t>(round % 40);
+    compcntr_trigger* t = compcntr_trigger_arm(c, thr, record_fire, &r, COMPCNTR_TRIGGER_INLINE);
+    REQUIRE(t != nullptr);
+    std::uint64_t v = 0;
+    if (readable(efd, 20000) != 1 || ::read(efd, &v, 8) != 8) ++bad;
+    if (r.runs.load() != 1 || r.status.load() != 0 || r.seen.load() < thr) ++bad;
+    CHECK(compcntr_trigger_destroy(t) == 0);
+  }
+  stop.store(true);
+  foreign.join();
+  CHECK(bad == 0);
+  ::close(efd);
   CHECK(compcntr_destroy_comp_cntr(c) == 0);
   CHECK(compcntr_close_device(d) == 0);
 }

@@ -198,7 +198,7 @@ struct shared_segment {
   std::uint32_t sweep() noexcept;
   void sweep_if_due() noexcept;
   void watch_loop() noexcept;
-  std::uint32_t watch_scan() noexcept;
+  std::uint32_t watch_scan(std::vector<trigger_list*>& due) noexcept;
   void stop_watcher() noexcept;
   bool reclaim_cell(std::uint32_t i, std::uint32_t dead, bool& woke) noexcept;
   bool free_cell(std::uint32_t i, std::uint64_t seen) noexcept;
@@ -767,6 +767,7 @@ void shared_segment::sweep_if_due() noexcept {
 // so a creator's death is found (its armed fds are then signalled: a wait says EIO).
 void shared_segment::watch_loop() noexcept {
   ::pthread_setname_np(::pthread_self(), "compcntr-shfd");
+  std::vector<trigger_list*> due;  // trigger lists found due by a scan (referenced)
   std::unique_lock lock(watch_mu);
   std::uint32_t armed = 0;
   for (;;) {
@@ -781,9 +782,18 @@ void shared_segment::watch_loop() noexcept {
     hdr->sleepers.fetch_add(1, std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     lock.lock();
-    armed = watch_scan();
+    try {
+      due.reserve(watched.size()); // no allocation under the scan
+    } catch (...) {
+      due.clear(); // no memory: triggers wait for a later round (fds are signalled anyway)
+    }
+    armed = watch_scan(due);
     const bool again = watch_pending || watch_stop;
     lock.unlock();
+    // Triggers fire with nothing locked: an action may arm, destroy or update counters. Their
+    // lists are referenced, and a list whose counter was destroyed meanwhile fires nothing.
+    for (trigger_list* l : due) shared_fire_triggers(l);
+    due.clear();
     if (armed != 0 && !again)
       futex::wait_shared(hdr->wake_seq, seq, std::chrono::nanoseconds(shared_sleep_slice));
     hdr->sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -795,13 +805,18 @@ void shared_segment::watch_loop() noexcept {
 // Under watch_mu: every registered slot's fd that is due is signalled; returns how many stay
 // armed. A slot is registered from before its first arm until its unbind (which takes watch_mu
 // to leave the list before its stripes and extension block go).
-std::uint32_t shared_segment::watch_scan() noexcept {
+std::uint32_t shared_segment::watch_scan(std::vector<trigger_list*>& due) noexcept {
   std::uint32_t armed = 0;
   for (slot* s : watched) {
     const std::uint32_t i = cell_of(*s);
     const bool dead = i < cell_count && shm::cell_state(records[i].ctl.load(
                                             std::memory_order_acquire)) == shm::cell_dead;
     armed += shared_fd_check(*s, dead) ? 1 : 0;
+    if ((s->watch.load(std::memory_order_seq_cst) & watch_triggers) != 0) {
+      ++armed;
+      if (due.size() < due.capacity())
+        if (trigger_list* l = shared_due_triggers(*s)) due.push_back(l);
+    }
   }
   return armed;
 }
@@ -826,32 +841,32 @@ void shared_segment::stop_watcher() noexcept {
   watcher = nullptr;
 }
 
-std::error_code shared_watch_fd(slot& s) noexcept {
+std::error_code shared_watch_fd(slot& s, const char* call) noexcept {
   shared_segment& g = seg_of(s);
   if (::getpid() != g.opener_pid)
     return fail(EOWNERDEAD,
-                "arm_fd: counter %u is on shared device '%s', opened by process %d before "
-                "fork(); its fd watcher (a thread of that process) does not exist in this child "
+                "%s: counter %u is on shared device '%s', opened by process %d before "
+                "fork(); its watcher (a thread of that process) does not exist in this child "
                 "(pid %d): open the device in the child (docs/devices.md, FORK)",
-                s.index, g.dev_name.c_str(), static_cast<int>(g.opener_pid),
+                call, s.index, g.dev_name.c_str(), static_cast<int>(g.opener_pid),
                 static_cast<int>(::getpid()));
   std::lock_guard lock(g.watch_mu);
   if (std::find(g.watched.begin(), g.watched.end(), &s) != g.watched.end()) return {};
   try {
     g.watched.reserve(g.watched.size() + 1);
   } catch (...) {
-    return fail(ENOMEM, "arm_fd: out of memory registering counter %u with the fd watcher of '%s'",
-                s.index, g.dev_name.c_str());
+    return fail(ENOMEM, "%s: out of memory registering counter %u with the watcher of '%s'",
+                call, s.index, g.dev_name.c_str());
   }
   if (g.watcher == nullptr) {
     try {
       g.watcher = new std::thread([&g] { g.watch_loop(); });
     } catch (const std::system_error& err) {
       return fail(err.code().value() ? err.code().value() : EAGAIN,
-                  "arm_fd: cannot start the fd watcher thread of shared device '%s' (%s)",
+                  "%s: cannot start the watcher thread of shared device '%s' (%s)", call,
                   g.dev_name.c_str(), err.what());
     } catch (...) {
-      return fail(ENOMEM, "arm_fd: out of memory starting the fd watcher thread of '%s'",
+      return fail(ENOMEM, "%s: out of memory starting the watcher thread of '%s'", call,
                   g.dev_name.c_str());
     }
   }

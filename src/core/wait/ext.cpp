@@ -219,7 +219,7 @@ void arm_slot_fd_threshold(slot& s, std::uint64_t threshold, std::error_code& ec
   if (e == nullptr) return;
   const bool shared = is_shared(s);
   if (shared) [[unlikely]]
-    if (auto err = shared_watch_fd(s)) { // refused (fork child, no thread): nothing armed
+    if (auto err = shared_watch_fd(s, "arm_fd_threshold")) { // refused: nothing armed
       ec = err;
       return;
     }
@@ -243,7 +243,7 @@ void arm_slot_fd(slot& s, std::error_code& ec) noexcept {
   if (e == nullptr) return;
   const bool shared = is_shared(s);
   if (shared) [[unlikely]] {
-    if (auto err = shared_watch_fd(s)) { // refused (fork child, no thread): nothing armed
+    if (auto err = shared_watch_fd(s, "arm_fd")) { // refused: nothing armed
       ec = err;
       return;
     }
