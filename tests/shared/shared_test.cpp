@@ -920,7 +920,7 @@ compcntr_comp_cntr* child_resolve(compcntr_device* cd, const compcntr_counter_id
 
 }  // namespace
 
-TEST_CASE("shared fds: another process's updates make a threshold-armed fd readable exactly at it") {
+TEST_CASE("shared fds: a threshold-armed fd is readable exactly when another process reaches it") {
   seg_name n("fdthr");
   const int fds0 = proc_self_entries("fd"), tasks0 = proc_self_entries("task");
   {
@@ -989,7 +989,7 @@ TEST_CASE("shared fds: a plain arm hears another process's update; own updates s
     compcntr_comp_cntr* r = child_resolve(cd, id);
     char x = 0;
     CHILD_CHECK(go.recv(x));
-    CHILD_CHECK(compcntr_inc_err_comp_cntr(r, 1) == 0);  // an error count moving is a change too
+    CHILD_CHECK(compcntr_inc_err_comp_cntr(r, 1) == 0); // an error count moving is a change too
     done.send('d');
     CHILD_CHECK(go.recv(x));
     CHILD_CHECK(compcntr_inc_comp_cntr(r, 4) == 0);
@@ -1033,7 +1033,7 @@ TEST_CASE("shared fds: an exec'ed program's update makes the parent's armed fd r
   argv.push_back(nullptr);
   pid_t pid = 0;
   REQUIRE(::posix_spawn(&pid, COMPCNTR_SHARED_CHILD, nullptr, nullptr, argv.data(), environ) == 0);
-  CHECK(readable(fd, 10000) == 1);  // it adds 25, then sleeps until 100
+  CHECK(readable(fd, 10000) == 1); // it adds 25, then sleeps until 100
   CHECK(value(c) == 25);
   REQUIRE(compcntr_inc_comp_cntr(c, 75) == 0);
   CHECK(reap(pid) == 0);
@@ -1043,7 +1043,8 @@ TEST_CASE("shared fds: an exec'ed program's update makes the parent's armed fd r
 }
 #endif
 
-TEST_CASE("shared fds: 4 updating processes, 3 arming processes, every readiness at its threshold") {
+TEST_CASE(
+    "shared fds: 4 updating processes, 3 arming processes, every readiness at its threshold") {
   seg_name n("fdmany");
   compcntr_device* d = open_or_fail(n);
   compcntr_comp_cntr* c = create(d);
@@ -1066,7 +1067,7 @@ TEST_CASE("shared fds: 4 updating processes, 3 arming processes, every readiness
         std::uint64_t v = 0;
         CHILD_CHECK(compcntr_read_comp_cntr(r, &v) == 0 && v >= thr);
       }
-      CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);  // closes its fd
+      CHILD_CHECK(compcntr_comp_cntr_release(r) == 0); // closes its fd
       CHILD_CHECK(compcntr_close_device(cd) == 0);
     }));
   for (int k = 0; k < updaters; ++k)
@@ -1118,10 +1119,10 @@ TEST_CASE("shared fds: an updater killed between its update and its wake-up cann
     ::raise(SIGKILL);
   });
   CHECK(reap(pid) == 1000 + SIGKILL);
-  CHECK(readable(fd, 10000) == 1);  // the watcher re-checks every 250 ms
+  CHECK(readable(fd, 10000) == 1); // the watcher re-checks every 250 ms
   CHECK(value(c) == 7);
   std::uint32_t reclaimed = 99;
-  CHECK(compcntr_sweep_shared_device(d, &reclaimed) == 0);  // (the watcher may have swept it)
+  CHECK(compcntr_sweep_shared_device(d, &reclaimed) == 0); // (the watcher may have swept it)
   CHECK(view.procs_in_use() == 1);
   CHECK(view.cells_in_use() == 1);
   CHECK(compcntr_destroy_comp_cntr(c) == 0);
@@ -1134,7 +1135,7 @@ TEST_CASE("shared fds: the counter's creator dies: the armed fd becomes readable
   channel idc;
   const pid_t pid = spawn([&] {
     idc.send(child_create_counting(n, 3));
-    for (;;) ::pause();  // killed here
+    for (;;) ::pause(); // killed here
   });
   compcntr_counter_id id{};
   REQUIRE(idc.recv(id));
@@ -1145,7 +1146,7 @@ TEST_CASE("shared fds: the counter's creator dies: the armed fd becomes readable
   CHECK(readable(fd, 50) == 0);
   REQUIRE(::kill(pid, SIGKILL) == 0);
   CHECK(reap(pid) == 1000 + SIGKILL);
-  CHECK(readable(fd, 10000) == 1);  // the watcher's sweep (every second) finds the death
+  CHECK(readable(fd, 10000) == 1); // the watcher's sweep (every second) finds the death
   CHECK(value(r) == 3);
   CHECK(compcntr_wait_comp_cntr(r, 100, 0) == EIO);
   CHECK(compcntr_comp_cntr_release(r) == 0);
@@ -1167,18 +1168,18 @@ TEST_CASE("shared fds: a process killed while armed leaves the others working, n
     CHILD_CHECK(compcntr_comp_cntr_get_fd(r, &fd) == 0);
     CHILD_CHECK(compcntr_comp_cntr_arm_fd_threshold(r, 1000) == 0);
     ready.send('r');
-    for (;;) ::pause();  // killed here, armed
+    for (;;) ::pause(); // killed here, armed
   });
   char x = 0;
   REQUIRE(ready.recv(x));
-  REQUIRE(eventually([&] { return view.hdr().sleepers.load() == 1; }));  // its watcher
+  REQUIRE(eventually([&] { return view.hdr().sleepers.load() == 1; })); // its watcher
   REQUIRE(::kill(pid, SIGKILL) == 0);
   CHECK(reap(pid) == 1000 + SIGKILL);
   std::uint32_t reclaimed = 99;
   CHECK(compcntr_sweep_shared_device(d, &reclaimed) == 0);
   CHECK(reclaimed == 1);
   CHECK(view.procs_in_use() == 1);
-  CHECK(view.cells_in_use() == 1);  // its hold on c is gone, c stays
+  CHECK(view.cells_in_use() == 1); // its hold on c is gone, c stays
   // Its watcher's registration stays in the sleeper count (docs/shared.md, NOTES): updates
   // then pay a FUTEX_WAKE, nothing else.
   CHECK(view.hdr().sleepers.load() == 1);
@@ -1208,7 +1209,7 @@ TEST_CASE("shared fds: close is EBUSY while armed counters live; destroy closes 
   const int fd = get_fd(c);
   REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 5) == 0);
   CHECK(proc_self_entries("task") == tasks0 + 1);
-  CHECK(compcntr_close_device(d) == EBUSY);  // refused: the counter and its armed fd go on
+  CHECK(compcntr_close_device(d) == EBUSY); // refused: the counter and its armed fd go on
   const pid_t up = spawn([&] {
     compcntr_device* cd = child_open(n);
     compcntr_comp_cntr* r = child_resolve(cd, id);
@@ -1229,8 +1230,8 @@ TEST_CASE("shared fds: close is EBUSY while armed counters live; destroy closes 
   compcntr_comp_cntr* c2 = create(d);
   const compcntr_counter_id id2 = id_of(c2);
   {
-    channel held, go;  // (their fds are closed before the count below)
-    const pid_t holder = spawn([&] {  // keeps c2 alive after our destroy
+    channel held, go; // (their fds are closed before the count below)
+    const pid_t holder = spawn([&] { // keeps c2 alive after our destroy
       compcntr_device* cd = child_open(n);
       compcntr_comp_cntr* r = child_resolve(cd, id2);
       held.send('h');
@@ -1250,7 +1251,7 @@ TEST_CASE("shared fds: close is EBUSY while armed counters live; destroy closes 
     go.send('g');
     CHECK(reap(holder) == 0);
   }
-  CHECK(compcntr_close_device(d) == 0);  // joins the watcher
+  CHECK(compcntr_close_device(d) == 0); // joins the watcher
   CHECK(proc_self_entries("task") == tasks0);
   CHECK(proc_self_entries("fd") == fds0);
 }
@@ -1260,25 +1261,26 @@ TEST_CASE("shared fds: a forked child cannot arm a parent's device's fd (EOWNERD
   compcntr_device* d = open_or_fail(n);
   compcntr_comp_cntr* c = create(d);
   const int fd = get_fd(c);
-  const pid_t before = spawn([&] {  // forked before any arm: no watcher anywhere yet
+  const pid_t before = spawn([&] { // forked before any arm: no watcher anywhere yet
     CHILD_CHECK(compcntr_comp_cntr_arm_fd(c) == EOWNERDEAD);
   });
   CHECK(reap(before) == 0);
-  REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0);  // starts the watcher
+  REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0); // starts the watcher
   const pid_t after = spawn([&] {
     CHILD_CHECK(compcntr_comp_cntr_arm_fd_threshold(c, 1) == EOWNERDEAD);
     CHILD_CHECK(contains(compcntr_last_error_message(), "fork()"));
     CHILD_CHECK(contains(compcntr_last_error_message(), "open the device in the child"));
   });
   CHECK(reap(after) == 0);
-  CHECK(readable(fd, 0) == 0);  // the refused arms changed nothing here
+  CHECK(readable(fd, 0) == 0); // the refused arms changed nothing here
   REQUIRE(compcntr_inc_comp_cntr(c, 1) == 0);
   CHECK(readable(fd, 0) == 1);
   CHECK(compcntr_destroy_comp_cntr(c) == 0);
   CHECK(compcntr_close_device(d) == 0);
 }
 
-TEST_CASE("shared fds: stress (TSan): foreign updates, re-arms and armed counters coming and going") {
+TEST_CASE(
+    "shared fds: stress (TSan): foreign updates, re-arms and armed counters coming and going") {
   // A thread plays another process: it adds to the cell through a separate mapping of the
   // segment and wakes sleepers as notify_shared does, so only the watcher can hear it.
   seg_name n("fdstress");
@@ -1303,7 +1305,7 @@ TEST_CASE("shared fds: stress (TSan): foreign updates, re-arms and armed counter
     }
   });
   std::atomic<int> churn_errors{0};
-  std::thread churn([&] {  // armed counters registered and unregistered under the scans
+  std::thread churn([&] { // armed counters registered and unregistered under the scans
     for (int k = 0; k < 300 && !stop.load(std::memory_order_relaxed); ++k) {
       compcntr_comp_cntr_init_attr a{};
       compcntr_comp_cntr* x = compcntr_create_comp_cntr(d, &a);
@@ -1357,7 +1359,7 @@ void record_fire(void* p, int status) {
   if (::write(r->efd, &one, sizeof one) != 8) std::abort();
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("shared triggers: another process's update crossing the threshold fires it, once") {
   seg_name n("trig");
@@ -1372,7 +1374,7 @@ TEST_CASE("shared triggers: another process's update crossing the threshold fire
   compcntr_trigger* t = compcntr_trigger_arm(c, 5, record_fire, &rec, COMPCNTR_TRIGGER_INLINE);
   INFO(compcntr_last_error_message());
   REQUIRE(t != nullptr);
-  CHECK(proc_self_entries("task") == tasks0 + 1);  // the device's watcher
+  CHECK(proc_self_entries("task") == tasks0 + 1); // the device's watcher
   channel step, ack;
   const pid_t pid = spawn([&] {
     compcntr_device* cd = child_open(n);
@@ -1387,18 +1389,18 @@ TEST_CASE("shared triggers: another process's update crossing the threshold fire
     CHILD_CHECK(compcntr_close_device(cd) == 0);
   });
   char a = 0;
-  step.send('g');  // 3: below
+  step.send('g'); // 3: below
   REQUIRE(ack.recv(a));
   CHECK(readable(rec.efd, 50) == 0);
   CHECK(rec.runs.load() == 0);
-  step.send('g');  // 6: crosses 5
+  step.send('g'); // 6: crosses 5
   REQUIRE(ack.recv(a));
   CHECK(readable(rec.efd, 10000) == 1);
   CHECK(rec.runs.load() == 1);
   CHECK(rec.status.load() == 0);
   CHECK(rec.seen.load() == 6);
-  CHECK_FALSE(rec.on_main.load());  // on the watcher thread: our thread did not update
-  CHECK(eventually([&] { return compcntr_trigger_state(t) == 1; }));  // set once fn returned
+  CHECK_FALSE(rec.on_main.load()); // on the watcher thread: our thread did not update
+  CHECK(eventually([&] { return compcntr_trigger_state(t) == 1; })); // set once fn returned
   CHECK(reap(pid) == 0);
   CHECK(compcntr_trigger_destroy(t) == 0);
   std::uint64_t drained = 0;
@@ -1453,7 +1455,7 @@ TEST_CASE("shared triggers: a chain of 40 thresholds crossed by 4 processes, def
     ts.push_back(compcntr_trigger_arm(c, step * (k + 1), record_fire, recs.back().get(), mode));
     REQUIRE(ts.back() != nullptr);
   }
-  REQUIRE(compcntr_trigger_service_start(d) == 0);  // runs the deferred ones
+  REQUIRE(compcntr_trigger_service_start(d) == 0); // runs the deferred ones
   channel start;
   std::vector<pid_t> kids;
   for (int k = 0; k < updaters; ++k)
@@ -1481,7 +1483,7 @@ TEST_CASE("shared triggers: a chain of 40 thresholds crossed by 4 processes, def
     CHECK(recs[k]->runs.load() == 1);
     CHECK(recs[k]->status.load() == 0);
     CHECK(recs[k]->seen.load() >= step * (k + 1));
-    CHECK(eventually([&] { return compcntr_trigger_state(ts[k]) == 1; }));  // once fn returned
+    CHECK(eventually([&] { return compcntr_trigger_state(ts[k]) == 1; })); // once fn returned
     CHECK(compcntr_trigger_destroy(ts[k]) == 0);
   }
   CHECK(value(c) == total);
@@ -1497,8 +1499,8 @@ TEST_CASE("shared triggers: a forked child cannot arm on a parent's device (EOWN
   compcntr_comp_cntr* c = create(d);
   const pid_t pid = spawn([&] {
     errno = 0;
-    CHILD_CHECK(compcntr_trigger_arm(c, 1, [](void*, int) {}, nullptr, COMPCNTR_TRIGGER_INLINE) ==
-                nullptr);
+    CHILD_CHECK(
+        compcntr_trigger_arm(c, 1, [](void*, int) {}, nullptr, COMPCNTR_TRIGGER_INLINE) == nullptr);
     CHILD_CHECK(errno == EOWNERDEAD);
     CHILD_CHECK(contains(compcntr_last_error_message(), "trigger_arm"));
   });

@@ -767,7 +767,7 @@ void shared_segment::sweep_if_due() noexcept {
 // so a creator's death is found (its armed fds are then signalled: a wait says EIO).
 void shared_segment::watch_loop() noexcept {
   ::pthread_setname_np(::pthread_self(), "compcntr-shfd");
-  std::vector<trigger_list*> due;  // trigger lists found due by a scan (referenced)
+  std::vector<trigger_list*> due; // trigger lists found due by a scan (referenced)
   std::unique_lock lock(watch_mu);
   std::uint32_t armed = 0;
   for (;;) {
@@ -809,8 +809,9 @@ std::uint32_t shared_segment::watch_scan(std::vector<trigger_list*>& due) noexce
   std::uint32_t armed = 0;
   for (slot* s : watched) {
     const std::uint32_t i = cell_of(*s);
-    const bool dead = i < cell_count && shm::cell_state(records[i].ctl.load(
-                                            std::memory_order_acquire)) == shm::cell_dead;
+    const bool dead =
+        i < cell_count &&
+        shm::cell_state(records[i].ctl.load(std::memory_order_acquire)) == shm::cell_dead;
     armed += shared_fd_check(*s, dead) ? 1 : 0;
     if ((s->watch.load(std::memory_order_seq_cst) & watch_triggers) != 0) {
       ++armed;
@@ -827,7 +828,7 @@ std::uint32_t shared_segment::watch_scan(std::vector<trigger_list*>& due) noexce
 void shared_segment::stop_watcher() noexcept {
   if (watcher == nullptr) return;
   if (::getpid() != opener_pid) {
-    watcher = nullptr;  // the parent's thread: not ours to join or delete
+    watcher = nullptr; // the parent's thread: not ours to join or delete
     return;
   }
   {
@@ -835,7 +836,7 @@ void shared_segment::stop_watcher() noexcept {
     watch_stop = true;
   }
   watch_cv.notify_all();
-  wake_all();  // ends its FUTEX_WAIT now (other processes' sleepers re-check once)
+  wake_all(); // ends its FUTEX_WAIT now (other processes' sleepers re-check once)
   watcher->join();
   delete watcher;
   watcher = nullptr;
@@ -855,8 +856,8 @@ std::error_code shared_watch_fd(slot& s, const char* call) noexcept {
   try {
     g.watched.reserve(g.watched.size() + 1);
   } catch (...) {
-    return fail(ENOMEM, "%s: out of memory registering counter %u with the watcher of '%s'",
-                call, s.index, g.dev_name.c_str());
+    return fail(ENOMEM, "%s: out of memory registering counter %u with the watcher of '%s'", call,
+                s.index, g.dev_name.c_str());
   }
   if (g.watcher == nullptr) {
     try {
@@ -870,7 +871,7 @@ std::error_code shared_watch_fd(slot& s, const char* call) noexcept {
                   g.dev_name.c_str());
     }
   }
-  g.watched.push_back(&s);  // capacity reserved: no throw
+  g.watched.push_back(&s); // capacity reserved: no throw
   return {};
 }
 
