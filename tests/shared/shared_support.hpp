@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "core/shared/layout.hpp"
 
@@ -146,6 +147,14 @@ inline int proc_self_entries(const char* what) {
     ::closedir(d);
   }
   return n;
+}
+
+/// Threads of this process now, after one thread was created and joined: a sanitizer's runtime
+/// (TSan) starts a background thread at the first thread creation, which a count taken before
+/// would see appear.
+inline int threads_now() {
+  std::thread([] {}).join();
+  return proc_self_entries("task");
 }
 
 /// Waits (yielding, bounded by `max_spins` yields) until pred() holds; false on give-up.

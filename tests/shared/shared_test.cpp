@@ -922,7 +922,7 @@ compcntr_comp_cntr* child_resolve(compcntr_device* cd, const compcntr_counter_id
 
 TEST_CASE("shared fds: a threshold-armed fd is readable exactly when another process reaches it") {
   seg_name n("fdthr");
-  const int fds0 = proc_self_entries("fd"), tasks0 = proc_self_entries("task");
+  const int fds0 = proc_self_entries("fd"), tasks0 = threads_now();
   {
     compcntr_device* d = open_or_fail(n);
     compcntr_comp_cntr* c = create(d);
@@ -1202,7 +1202,7 @@ TEST_CASE("shared fds: a process killed while armed leaves the others working, n
 
 TEST_CASE("shared fds: close is EBUSY while armed counters live; destroy closes the fd; no leaks") {
   seg_name n("fdclose");
-  const int fds0 = proc_self_entries("fd"), tasks0 = proc_self_entries("task");
+  const int fds0 = proc_self_entries("fd"), tasks0 = threads_now();
   compcntr_device* d = open_or_fail(n);
   compcntr_comp_cntr* c = create(d);
   const compcntr_counter_id id = id_of(c);
@@ -1363,7 +1363,7 @@ void record_fire(void* p, int status) {
 
 TEST_CASE("shared triggers: another process's update crossing the threshold fires it, once") {
   seg_name n("trig");
-  const int tasks0 = proc_self_entries("task");
+  const int tasks0 = threads_now();
   compcntr_device* d = open_or_fail(n);
   compcntr_comp_cntr* c = create(d);
   const compcntr_counter_id id = id_of(c);
