@@ -75,6 +75,19 @@ shared_wait_words shared_words(const slot& s) noexcept;
 bool shared_creator_died(const slot& s) noexcept;
 /// Sweeps dead processes out of the segment unless this process did within the last second.
 void shared_sweep_if_due(const slot& s) noexcept;
+/// Pollable fds and triggers of shared counters (docs/shared.md, "Pollable fds", "Triggers"):
+/// before an arm on `s` (`call` names it in errors), registers `s` with its segment's watcher (a
+/// thread of this process, started by the first arm, that sleeps on the segment's wake word as
+/// a waiter does and signals the armed fds, and fires the triggers, whose condition another
+/// process's update met). EOWNERDEAD in a child forked after the device was opened (the watcher
+/// is a thread of the parent), ENOMEM / EAGAIN when it cannot be started: nothing changed then.
+/// Idempotent: a slot stays registered until it is unbound.
+std::error_code shared_watch_fd(slot& s, const char* call) noexcept;
+/// After the arm's RMW of watch_fd_armed: wakes the watcher if it is parked (nothing armed).
+void shared_watch_kick(slot& s) noexcept;
+/// The watcher's check of one registered slot (src/core/wait/ext.cpp): signals its fd if it is
+/// armed and its condition holds (or `creator_dead`). Returns whether it is still armed.
+bool shared_fd_check(slot& s, bool creator_dead) noexcept;
 /// Longest sleep of a waiter on a shared counter: between two sleeps it re-checks, and sweeps
 /// (shared_sweep_if_due), so a dead peer or a scribbled sleeper count delays it at most this.
 inline constexpr std::chrono::milliseconds shared_sleep_slice{250};

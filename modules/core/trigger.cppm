@@ -88,6 +88,12 @@ void end_slot_triggers(slot& s) noexcept;
 struct trigger_list;
 /// The extension block's reference on the counter's trigger list, dropped when it is freed.
 void release_trigger_list(trigger_list* l) noexcept;
+/// For the fd watcher of a shared device (compcntr:shared), with `s` registered (alive): its
+/// trigger list with a reference taken when an armed threshold is reached, else nullptr.
+trigger_list* shared_due_triggers(slot& s) noexcept;
+/// Fires what is due on a list from shared_due_triggers (inline actions on the calling thread,
+/// deferred ones queued), nothing locked by the caller; drops the reference.
+void shared_fire_triggers(trigger_list* l) noexcept;
 /// The cell of the slot's extension block that holds its trigger list; with `create`, the block
 /// is allocated if missing (nullptr: ENOMEM); without, nullptr when there is no block.
 /// (src/core/wait/ext.cpp)

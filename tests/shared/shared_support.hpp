@@ -4,6 +4,7 @@
 #ifndef COMPCNTR_TESTS_SHARED_SUPPORT_HPP
 #define COMPCNTR_TESTS_SHARED_SUPPORT_HPP
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "core/shared/layout.hpp"
 
@@ -119,6 +121,9 @@ struct seg_view {
     return reinterpret_cast<shm::record*>(static_cast<char*>(base) +
                                           shm::records_offset(hdr().cell_count))[i];
   }
+  shm::cell& cell(std::uint32_t i) const {
+    return reinterpret_cast<shm::cell*>(static_cast<char*>(base) + shm::cells_offset())[i];
+  }
   /// Cells whose record is not free (held by some process).
   std::uint32_t cells_in_use() const {
     std::uint32_t n = 0;
@@ -132,6 +137,25 @@ struct seg_view {
     return n;
   }
 };
+
+/// Entries of a /proc/self directory ("fd", "task"): open fds, threads.
+inline int proc_self_entries(const char* what) {
+  const std::string dir = std::string("/proc/self/") + what;
+  int n = 0;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+/// Threads of this process now, after one thread was created and joined: a sanitizer's runtime
+/// (TSan) starts a background thread at the first thread creation, which a count taken before
+/// would see appear.
+inline int threads_now() {
+  std::thread([] {}).join();
+  return proc_self_entries("task");
+}
 
 /// Waits (yielding, bounded by `max_spins` yields) until pred() holds; false on give-up.
 template <class Pred>

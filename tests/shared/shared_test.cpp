@@ -7,21 +7,29 @@
 #include <compcntr/compcntr.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
 
 #include <atomic>
 #include <chrono>
 #include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 import compcntr;
@@ -344,9 +352,10 @@ TEST_CASE("shared counters: the C++ API (open, open_shared, id, resolve, wait) a
   REQUIRE_FALSE(ec);
   CHECK(self.native_slot() == c.native_slot());  // one local slot per counter per process
   self.reset();
-  CHECK(compcntr::pollable_fd(c, ec) == -1);  // not yet for shared counters: refused, named
-  CHECK(ec == std::errc::not_supported);
-  CHECK(std::string(compcntr::last_error_message()).find("shared counter") != std::string::npos);
+  const int cfd = compcntr::pollable_fd(c, ec);  // shared counters have fds (tests below)
+  CHECK(cfd >= 0);
+  CHECK_FALSE(ec);
+  CHECK(compcntr::pollable_fd(c, ec) == cfd);
   CHECK(dev.sweep(ec) == 0);  // the child closed: nobody dead
   CHECK_FALSE(ec);
   auto soft = compcntr::device::open("soft", ec);
@@ -811,10 +820,6 @@ TEST_CASE("shared counters: credits, completion tracker and poll work across pro
     CHILD_CHECK(compcntr_comp_cntr_release(pb) == 0);
     CHILD_CHECK(compcntr_close_device(cd) == 0);
   });
-  errno = 0;  // triggers hear only this process's updates: refused on shared counters, named
-  CHECK(compcntr_trigger_arm(a, 1, [](void*, int) {}, nullptr, COMPCNTR_TRIGGER_INLINE) == nullptr);
-  CHECK(errno == ENOTSUP);
-  CHECK(contains(compcntr_last_error_message(), "shared counter"));
   REQUIRE(compcntr_credits_acquire(cr, 0, 2, 0) == 0);          // the window
   CHECK(compcntr_credits_acquire(cr, 0, 1, 0) == ETIMEDOUT);    // empty until the peer returns
   REQUIRE(compcntr_tracker_issue(t, 3) == 0);
@@ -881,4 +886,669 @@ TEST_CASE("shared devices: the name removed once every process opened it (docs/s
   if (again) CHECK(compcntr_close_device(again) == 0);
   CHECK(compcntr_close_device(fresh) == 0);  // its last process: removed
   CHECK(::stat(("/dev/shm" + n.path).c_str(), &st) != 0);
+}
+
+// ---- pollable fds of shared counters (docs/shared.md, "Pollable fds") ----------------------
+
+namespace {
+
+int get_fd(compcntr_comp_cntr* c) {
+  int fd = -1;
+  const int rc = compcntr_comp_cntr_get_fd(c, &fd);
+  INFO(compcntr_last_error_message());
+  REQUIRE(rc == 0);
+  REQUIRE(fd >= 0);
+  return fd;
+}
+
+// poll(2) of one fd for at most `ms` (-1: no limit): 1 readable, 0 not (timed out).
+int readable(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  int r = 0;
+  while ((r = ::poll(&p, 1, ms)) < 0 && errno == EINTR) {
+  }
+  return r;
+}
+
+// In a child: open, resolve id, or exit with the line.
+compcntr_comp_cntr* child_resolve(compcntr_device* cd, const compcntr_counter_id& id) {
+  compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(cd, &id);
+  if (r == nullptr) std::fprintf(stderr, "child resolve: %s\n", compcntr_last_error_message());
+  CHILD_CHECK(r != nullptr);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("shared fds: a threshold-armed fd is readable exactly when another process reaches it") {
+  seg_name n("fdthr");
+  const int fds0 = proc_self_entries("fd"), tasks0 = threads_now();
+  {
+    compcntr_device* d = open_or_fail(n);
+    compcntr_comp_cntr* c = create(d);
+    const compcntr_counter_id id = id_of(c);
+    seg_view view(n);
+    REQUIRE(view);
+    const int fd = get_fd(c);
+    channel step, ack;
+    const pid_t pid = spawn([&] {
+      compcntr_device* cd = child_open(n);
+      compcntr_comp_cntr* r = child_resolve(cd, id);
+      for (int k = 0; k < 4; ++k) {
+        char go = 0;
+        CHILD_CHECK(step.recv(go));
+        CHILD_CHECK(compcntr_inc_comp_cntr(r, 3) == 0);
+        ack.send('a');
+      }
+      CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+      CHILD_CHECK(compcntr_close_device(cd) == 0);
+    });
+    REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 10) == 0);
+    CHECK(proc_self_entries("task") == tasks0 + 1);  // the device's fd watcher
+    // The watcher sleeps on the segment as a waiter: one sleeper.
+    REQUIRE(eventually([&] { return view.hdr().sleepers.load() == 1; }));
+    char a = 0;
+    for (std::uint64_t k = 1; k <= 3; ++k) {  // 3, 6, 9: below the threshold, not readable
+      step.send('g');
+      REQUIRE(ack.recv(a));
+      CHECK(value(c) == 3 * k);
+      CHECK(readable(fd, 50) == 0);
+    }
+    step.send('g');  // 12 >= 10
+    REQUIRE(ack.recv(a));
+    CHECK(readable(fd, 10000) == 1);
+    CHECK(value(c) == 12);
+    std::uint64_t ticks = 0;
+    CHECK(::read(fd, &ticks, sizeof ticks) == 8);
+    CHECK(ticks == 1);  // one-shot: one signal
+    // Disarmed: nothing armed, the watcher parks and stops being a sleeper (updates pay nothing).
+    CHECK(eventually([&] { return view.hdr().sleepers.load() == 0; }));
+    CHECK(reap(pid) == 0);
+    // Already reached at the arm: readable at once, by the arm itself.
+    REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 12) == 0);
+    CHECK(readable(fd, 0) == 1);
+    CHECK(compcntr_destroy_comp_cntr(c) == 0);
+    CHECK(compcntr_close_device(d) == 0);
+  }
+  // The eventfd went with the counter, the watcher thread with the device.
+  CHECK(proc_self_entries("task") == tasks0);
+  CHECK(proc_self_entries("fd") == fds0);
+}
+
+TEST_CASE("shared fds: a plain arm hears another process's update; own updates signal inline") {
+  seg_name n("fdplain");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  const int fd = get_fd(c);
+  REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0);
+  CHECK(readable(fd, 0) == 0);
+  channel go, done;
+  const pid_t pid = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    compcntr_comp_cntr* r = child_resolve(cd, id);
+    char x = 0;
+    CHILD_CHECK(go.recv(x));
+    CHILD_CHECK(compcntr_inc_err_comp_cntr(r, 1) == 0); // an error count moving is a change too
+    done.send('d');
+    CHILD_CHECK(go.recv(x));
+    CHILD_CHECK(compcntr_inc_comp_cntr(r, 4) == 0);
+    CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+    CHILD_CHECK(compcntr_close_device(cd) == 0);
+  });
+  go.send('g');
+  char x = 0;
+  REQUIRE(done.recv(x));
+  CHECK(readable(fd, 10000) == 1);
+  CHECK(errors(c) == 1);
+  CHECK(value(c) == 0);
+  // Re-armed with nothing new: not readable (the arm drained the last readiness).
+  REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0);
+  CHECK(readable(fd, 50) == 0);
+  go.send('g');
+  CHECK(readable(fd, 10000) == 1);
+  CHECK(reap(pid) == 0);
+  CHECK(value(c) == 4);
+  // This process's own update signals inline, as on a private counter.
+  REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0);
+  CHECK(readable(fd, 0) == 0);
+  REQUIRE(compcntr_inc_comp_cntr(c, 1) == 0);
+  CHECK(readable(fd, 0) == 1);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+#ifdef COMPCNTR_SHARED_CHILD
+TEST_CASE("shared fds: an exec'ed program's update makes the parent's armed fd readable") {
+  seg_name n("fdexec");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  const int fd = get_fd(c);
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 25) == 0);
+  const std::string gen = std::to_string(id.generation), idx = std::to_string(id.index);
+  std::vector<std::string> args = {COMPCNTR_SHARED_CHILD, n.name, gen, idx, "25"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  REQUIRE(::posix_spawn(&pid, COMPCNTR_SHARED_CHILD, nullptr, nullptr, argv.data(), environ) == 0);
+  CHECK(readable(fd, 10000) == 1); // it adds 25, then sleeps until 100
+  CHECK(value(c) == 25);
+  REQUIRE(compcntr_inc_comp_cntr(c, 75) == 0);
+  CHECK(reap(pid) == 0);
+  CHECK(value(c) == 100);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+#endif
+
+TEST_CASE(
+    "shared fds: 4 updating processes, 3 arming processes, every readiness at its threshold") {
+  seg_name n("fdmany");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  constexpr int updaters = 4, armers = 2;
+  constexpr std::uint64_t per = 2000, total = per * updaters;
+  channel start, ready;
+  std::vector<pid_t> kids;
+  for (int k = 0; k < armers; ++k)
+    kids.push_back(spawn([&, k] {
+      compcntr_device* cd = child_open(n);
+      compcntr_comp_cntr* r = child_resolve(cd, id);
+      int fd = -1;
+      CHILD_CHECK(compcntr_comp_cntr_get_fd(r, &fd) == 0);
+      ready.send('r');
+      const std::uint64_t stepsz = 250 + 150 * static_cast<std::uint64_t>(k);
+      for (std::uint64_t thr = stepsz; thr <= total; thr += stepsz) {
+        CHILD_CHECK(compcntr_comp_cntr_arm_fd_threshold(r, thr) == 0);
+        CHILD_CHECK(readable(fd, 20000) == 1);
+        std::uint64_t v = 0;
+        CHILD_CHECK(compcntr_read_comp_cntr(r, &v) == 0 && v >= thr);
+      }
+      CHILD_CHECK(compcntr_comp_cntr_release(r) == 0); // closes its fd
+      CHILD_CHECK(compcntr_close_device(cd) == 0);
+    }));
+  for (int k = 0; k < updaters; ++k)
+    kids.push_back(spawn([&] {
+      compcntr_device* cd = child_open(n);
+      compcntr_comp_cntr* r = child_resolve(cd, id);
+      char go = 0;
+      CHILD_CHECK(start.recv(go));
+      for (std::uint64_t i = 0; i < per; ++i) CHILD_CHECK(compcntr_inc_comp_cntr(r, 1) == 0);
+      CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+      CHILD_CHECK(compcntr_close_device(cd) == 0);
+    }));
+  char x = 0;
+  for (int k = 0; k < armers; ++k) REQUIRE(ready.recv(x));
+  const int fd = get_fd(c);
+  for (int k = 0; k < updaters; ++k) start.send('g');
+  int rounds = 0;
+  for (std::uint64_t thr = 100; thr <= total; thr += 100, ++rounds) {
+    REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, thr) == 0);
+    REQUIRE(readable(fd, 20000) == 1);
+    const std::uint64_t v = value(c);
+    INFO("threshold " << thr << " value " << v);
+    CHECK(v >= thr);
+  }
+  CHECK(rounds == static_cast<int>(total / 100));
+  for (pid_t p : kids) CHECK(reap(p) == 0);
+  CHECK(value(c) == total);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+TEST_CASE("shared fds: an updater killed between its update and its wake-up cannot hide it") {
+  seg_name n("fdkill");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  seg_view view(n);
+  REQUIRE(view);
+  const int fd = get_fd(c);
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 7) == 0);
+  REQUIRE(eventually([&] { return view.hdr().sleepers.load() == 1; }));
+  const pid_t pid = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    (void)child_resolve(cd, id);
+    // The cell's RMW an update does, then death before it looks at the sleeper count (no wake).
+    seg_view v(n);
+    CHILD_CHECK(v);
+    v.cell(id.index).h[1].value.fetch_add(7, std::memory_order_seq_cst);
+    ::raise(SIGKILL);
+  });
+  CHECK(reap(pid) == 1000 + SIGKILL);
+  CHECK(readable(fd, 10000) == 1); // the watcher re-checks every 250 ms
+  CHECK(value(c) == 7);
+  std::uint32_t reclaimed = 99;
+  CHECK(compcntr_sweep_shared_device(d, &reclaimed) == 0); // (the watcher may have swept it)
+  CHECK(view.procs_in_use() == 1);
+  CHECK(view.cells_in_use() == 1);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+TEST_CASE("shared fds: the counter's creator dies: the armed fd becomes readable, waits say EIO") {
+  seg_name n("fdcreator");
+  compcntr_device* d = open_or_fail(n);
+  channel idc;
+  const pid_t pid = spawn([&] {
+    idc.send(child_create_counting(n, 3));
+    for (;;) ::pause(); // killed here
+  });
+  compcntr_counter_id id{};
+  REQUIRE(idc.recv(id));
+  compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(d, &id);
+  REQUIRE(r != nullptr);
+  const int fd = get_fd(r);
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(r, 100) == 0);
+  CHECK(readable(fd, 50) == 0);
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  CHECK(reap(pid) == 1000 + SIGKILL);
+  CHECK(readable(fd, 10000) == 1); // the watcher's sweep (every second) finds the death
+  CHECK(value(r) == 3);
+  CHECK(compcntr_wait_comp_cntr(r, 100, 0) == EIO);
+  CHECK(compcntr_comp_cntr_release(r) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+TEST_CASE("shared fds: a process killed while armed leaves the others working, nothing held") {
+  seg_name n("fdwaiter");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  seg_view view(n);
+  REQUIRE(view);
+  channel ready;
+  const pid_t pid = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    compcntr_comp_cntr* r = child_resolve(cd, id);
+    int fd = -1;
+    CHILD_CHECK(compcntr_comp_cntr_get_fd(r, &fd) == 0);
+    CHILD_CHECK(compcntr_comp_cntr_arm_fd_threshold(r, 1000) == 0);
+    ready.send('r');
+    for (;;) ::pause(); // killed here, armed
+  });
+  char x = 0;
+  REQUIRE(ready.recv(x));
+  REQUIRE(eventually([&] { return view.hdr().sleepers.load() == 1; })); // its watcher
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  CHECK(reap(pid) == 1000 + SIGKILL);
+  std::uint32_t reclaimed = 99;
+  CHECK(compcntr_sweep_shared_device(d, &reclaimed) == 0);
+  CHECK(reclaimed == 1);
+  CHECK(view.procs_in_use() == 1);
+  CHECK(view.cells_in_use() == 1); // its hold on c is gone, c stays
+  // Its watcher's registration stays in the sleeper count (docs/shared.md, NOTES): updates
+  // then pay a FUTEX_WAKE, nothing else.
+  CHECK(view.hdr().sleepers.load() == 1);
+  // Our fd on c, fed by another process, works as before.
+  const int fd = get_fd(c);
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 2) == 0);
+  const pid_t up = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    compcntr_comp_cntr* r = child_resolve(cd, id);
+    CHILD_CHECK(compcntr_inc_comp_cntr(r, 2) == 0);
+    CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+    CHILD_CHECK(compcntr_close_device(cd) == 0);
+  });
+  CHECK(readable(fd, 10000) == 1);
+  CHECK(value(c) == 2);
+  CHECK(reap(up) == 0);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+TEST_CASE("shared fds: close is EBUSY while armed counters live; destroy closes the fd; no leaks") {
+  seg_name n("fdclose");
+  const int fds0 = proc_self_entries("fd"), tasks0 = threads_now();
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  const int fd = get_fd(c);
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 5) == 0);
+  CHECK(proc_self_entries("task") == tasks0 + 1);
+  CHECK(compcntr_close_device(d) == EBUSY); // refused: the counter and its armed fd go on
+  const pid_t up = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    compcntr_comp_cntr* r = child_resolve(cd, id);
+    CHILD_CHECK(compcntr_inc_comp_cntr(r, 5) == 0);
+    CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+    CHILD_CHECK(compcntr_close_device(cd) == 0);
+  });
+  CHECK(readable(fd, 10000) == 1);
+  CHECK(reap(up) == 0);
+  // Armed again, then destroyed: the counter owns its fd, which is closed (never signalled).
+  REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 100) == 0);
+  CHECK(readable(fd, 0) == 0);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  errno = 0;
+  CHECK(::fcntl(fd, F_GETFD) == -1);
+  CHECK(errno == EBADF);
+  // Destroyed while another process still holds the counter: our fd is closed all the same.
+  compcntr_comp_cntr* c2 = create(d);
+  const compcntr_counter_id id2 = id_of(c2);
+  {
+    channel held, go; // (their fds are closed before the count below)
+    const pid_t holder = spawn([&] { // keeps c2 alive after our destroy
+      compcntr_device* cd = child_open(n);
+      compcntr_comp_cntr* r = child_resolve(cd, id2);
+      held.send('h');
+      char x = 0;
+      CHILD_CHECK(go.recv(x));
+      CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+      CHILD_CHECK(compcntr_close_device(cd) == 0);
+    });
+    char x = 0;
+    REQUIRE(held.recv(x));
+    const int fd2 = get_fd(c2);
+    REQUIRE(compcntr_comp_cntr_arm_fd(c2) == 0);
+    CHECK(compcntr_destroy_comp_cntr(c2) == 0);
+    errno = 0;
+    CHECK(::fcntl(fd2, F_GETFD) == -1);
+    CHECK(errno == EBADF);
+    go.send('g');
+    CHECK(reap(holder) == 0);
+  }
+  CHECK(compcntr_close_device(d) == 0); // joins the watcher
+  CHECK(proc_self_entries("task") == tasks0);
+  CHECK(proc_self_entries("fd") == fds0);
+}
+
+TEST_CASE("shared fds: a forked child cannot arm a parent's device's fd (EOWNERDEAD), named") {
+  seg_name n("fdfork");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const int fd = get_fd(c);
+  const pid_t before = spawn([&] { // forked before any arm: no watcher anywhere yet
+    CHILD_CHECK(compcntr_comp_cntr_arm_fd(c) == EOWNERDEAD);
+  });
+  CHECK(reap(before) == 0);
+  REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0); // starts the watcher
+  const pid_t after = spawn([&] {
+    CHILD_CHECK(compcntr_comp_cntr_arm_fd_threshold(c, 1) == EOWNERDEAD);
+    CHILD_CHECK(contains(compcntr_last_error_message(), "fork()"));
+    CHILD_CHECK(contains(compcntr_last_error_message(), "open the device in the child"));
+  });
+  CHECK(reap(after) == 0);
+  CHECK(readable(fd, 0) == 0); // the refused arms changed nothing here
+  REQUIRE(compcntr_inc_comp_cntr(c, 1) == 0);
+  CHECK(readable(fd, 0) == 1);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+TEST_CASE(
+    "shared fds: stress (TSan): foreign updates, re-arms and armed counters coming and going") {
+  // A thread plays another process: it adds to the cell through a separate mapping of the
+  // segment and wakes sleepers as notify_shared does, so only the watcher can hear it.
+  seg_name n("fdstress");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  seg_view view(n);
+  REQUIRE(view);
+  const int fd = get_fd(c);
+  std::atomic<bool> stop{false};
+  std::thread foreign([&] {
+    shm::header& h = view.hdr();
+    shm::cell& cell = view.cell(id.index);
+    for (unsigned k = 0; !stop.load(std::memory_order_relaxed); ++k) {
+      cell.h[k & 1].value.fetch_add(1, std::memory_order_seq_cst);
+      if (h.sleepers.load(std::memory_order_seq_cst) != 0) {
+        h.wake_seq.fetch_add(1, std::memory_order_release);
+        ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&h.wake_seq), FUTEX_WAKE, INT_MAX,
+                  nullptr, nullptr, 0);
+      }
+      if (k % 64 == 0) std::this_thread::yield();
+    }
+  });
+  std::atomic<int> churn_errors{0};
+  std::thread churn([&] { // armed counters registered and unregistered under the scans
+    for (int k = 0; k < 300 && !stop.load(std::memory_order_relaxed); ++k) {
+      compcntr_comp_cntr_init_attr a{};
+      compcntr_comp_cntr* x = compcntr_create_comp_cntr(d, &a);
+      int xfd = -1;
+      if (x == nullptr || compcntr_comp_cntr_get_fd(x, &xfd) != 0 ||
+          (k % 2 ? compcntr_comp_cntr_arm_fd(x) : compcntr_comp_cntr_arm_fd_threshold(x, 1)) != 0)
+        churn_errors.fetch_add(1);
+      if (k % 3 == 0 && x != nullptr) compcntr_inc_comp_cntr(x, 1);
+      if (x == nullptr || compcntr_destroy_comp_cntr(x) != 0) churn_errors.fetch_add(1);
+    }
+  });
+  int bad = 0;
+  for (int round = 0; round < 400; ++round) {
+    const std::uint64_t thr = value(c) + 1 + static_cast<std::uint64_t>(round % 50);
+    REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, thr) == 0);
+    if (readable(fd, 20000) != 1 || value(c) < thr) ++bad;
+  }
+  stop.store(true);
+  foreign.join();
+  churn.join();
+  CHECK(bad == 0);
+  CHECK(churn_errors.load() == 0);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+// ---- triggers on shared counters (docs/shared.md, "Triggers") ------------------------------
+
+namespace {
+
+// What a trigger's action saw: it runs once with a status; the eventfd tells the test.
+struct fired_rec {
+  compcntr_comp_cntr* c = nullptr;
+  int efd = -1;
+  std::atomic<int> runs{0};
+  std::atomic<int> status{-1};
+  std::atomic<std::uint64_t> seen{0};
+  std::atomic<bool> on_main{false};
+  std::thread::id main = std::this_thread::get_id();
+};
+
+void record_fire(void* p, int status) {
+  auto* r = static_cast<fired_rec*>(p);
+  std::uint64_t v = 0;
+  if (status == 0) compcntr_read_comp_cntr(r->c, &v);
+  r->seen.store(v);
+  r->status.store(status);
+  r->on_main.store(std::this_thread::get_id() == r->main);
+  r->runs.fetch_add(1);
+  const std::uint64_t one = 1;
+  if (::write(r->efd, &one, sizeof one) != 8) std::abort();
+}
+
+} // namespace
+
+TEST_CASE("shared triggers: another process's update crossing the threshold fires it, once") {
+  seg_name n("trig");
+  const int tasks0 = threads_now();
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  fired_rec rec;
+  rec.c = c;
+  rec.efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  REQUIRE(rec.efd >= 0);
+  compcntr_trigger* t = compcntr_trigger_arm(c, 5, record_fire, &rec, COMPCNTR_TRIGGER_INLINE);
+  INFO(compcntr_last_error_message());
+  REQUIRE(t != nullptr);
+  CHECK(proc_self_entries("task") == tasks0 + 1); // the device's watcher
+  channel step, ack;
+  const pid_t pid = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    compcntr_comp_cntr* r = child_resolve(cd, id);
+    char x = 0;
+    for (int k = 0; k < 2; ++k) {
+      CHILD_CHECK(step.recv(x));
+      CHILD_CHECK(compcntr_inc_comp_cntr(r, 3) == 0);
+      ack.send('a');
+    }
+    CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+    CHILD_CHECK(compcntr_close_device(cd) == 0);
+  });
+  char a = 0;
+  step.send('g'); // 3: below
+  REQUIRE(ack.recv(a));
+  CHECK(readable(rec.efd, 50) == 0);
+  CHECK(rec.runs.load() == 0);
+  step.send('g'); // 6: crosses 5
+  REQUIRE(ack.recv(a));
+  CHECK(readable(rec.efd, 10000) == 1);
+  CHECK(rec.runs.load() == 1);
+  CHECK(rec.status.load() == 0);
+  CHECK(rec.seen.load() == 6);
+  CHECK_FALSE(rec.on_main.load()); // on the watcher thread: our thread did not update
+  CHECK(eventually([&] { return compcntr_trigger_state(t) == 1; })); // set once fn returned
+  CHECK(reap(pid) == 0);
+  CHECK(compcntr_trigger_destroy(t) == 0);
+  std::uint64_t drained = 0;
+  REQUIRE(::read(rec.efd, &drained, 8) == 8);
+  // This process's own update: inline, in the updating thread or on the watcher (woken by the
+  // same update), whichever reaches the counter's triggers first (combined firing).
+  fired_rec own;
+  own.c = c;
+  own.efd = rec.efd;
+  compcntr_trigger* t2 = compcntr_trigger_arm(c, 7, record_fire, &own, COMPCNTR_TRIGGER_INLINE);
+  REQUIRE(t2 != nullptr);
+  CHECK(readable(rec.efd, 50) == 0);
+  CHECK(own.runs.load() == 0);
+  REQUIRE(compcntr_inc_comp_cntr(c, 1) == 0);
+  CHECK(readable(rec.efd, 10000) == 1);
+  CHECK(own.runs.load() == 1);
+  CHECK(own.status.load() == 0);
+  CHECK(own.seen.load() == 7);
+  CHECK(eventually([&] { return compcntr_trigger_state(t2) == 1; }));
+  CHECK(compcntr_trigger_destroy(t2) == 0);
+  // Armed at destroy: cancelled (ECANCELED), as on a private counter.
+  fired_rec late;
+  late.c = c;
+  late.efd = rec.efd;
+  compcntr_trigger* t3 = compcntr_trigger_arm(c, 100, record_fire, &late, COMPCNTR_TRIGGER_INLINE);
+  REQUIRE(t3 != nullptr);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(late.runs.load() == 1);
+  CHECK(late.status.load() == ECANCELED);
+  CHECK(compcntr_trigger_destroy(t3) == 0);
+  ::close(rec.efd);
+  CHECK(compcntr_close_device(d) == 0);
+  CHECK(proc_self_entries("task") == tasks0);
+}
+
+TEST_CASE("shared triggers: a chain of 40 thresholds crossed by 4 processes, deferred too") {
+  seg_name n("trigmany");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  constexpr int updaters = 4, chain = 40;
+  constexpr std::uint64_t per = 1000, total = per * updaters, step = total / chain;
+  const int efd = ::eventfd(0, EFD_CLOEXEC);
+  REQUIRE(efd >= 0);
+  std::vector<std::unique_ptr<fired_rec>> recs;
+  std::vector<compcntr_trigger*> ts;
+  for (int k = 0; k < chain; ++k) {
+    recs.push_back(std::make_unique<fired_rec>());
+    recs.back()->c = c;
+    recs.back()->efd = efd;
+    const std::uint32_t mode = k % 2 ? COMPCNTR_TRIGGER_DEFERRED : COMPCNTR_TRIGGER_INLINE;
+    ts.push_back(compcntr_trigger_arm(c, step * (k + 1), record_fire, recs.back().get(), mode));
+    REQUIRE(ts.back() != nullptr);
+  }
+  REQUIRE(compcntr_trigger_service_start(d) == 0); // runs the deferred ones
+  channel start;
+  std::vector<pid_t> kids;
+  for (int k = 0; k < updaters; ++k)
+    kids.push_back(spawn([&] {
+      compcntr_device* cd = child_open(n);
+      compcntr_comp_cntr* r = child_resolve(cd, id);
+      char go = 0;
+      CHILD_CHECK(start.recv(go));
+      for (std::uint64_t i = 0; i < per; ++i) CHILD_CHECK(compcntr_inc_comp_cntr(r, 1) == 0);
+      CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+      CHILD_CHECK(compcntr_close_device(cd) == 0);
+    }));
+  for (int k = 0; k < updaters; ++k) start.send('g');
+  std::uint64_t got = 0;
+  while (got < chain) {
+    std::uint64_t v = 0;
+    REQUIRE(readable(efd, 20000) == 1);
+    REQUIRE(::read(efd, &v, 8) == 8);
+    got += v;
+  }
+  for (pid_t p : kids) CHECK(reap(p) == 0);
+  CHECK(got == chain);
+  for (int k = 0; k < chain; ++k) {
+    INFO("trigger " << k);
+    CHECK(recs[k]->runs.load() == 1);
+    CHECK(recs[k]->status.load() == 0);
+    CHECK(recs[k]->seen.load() >= step * (k + 1));
+    CHECK(eventually([&] { return compcntr_trigger_state(ts[k]) == 1; })); // once fn returned
+    CHECK(compcntr_trigger_destroy(ts[k]) == 0);
+  }
+  CHECK(value(c) == total);
+  CHECK(compcntr_trigger_service_stop(d) == 0);
+  ::close(efd);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+TEST_CASE("shared triggers: a forked child cannot arm on a parent's device (EOWNERDEAD)") {
+  seg_name n("trigfork");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const pid_t pid = spawn([&] {
+    errno = 0;
+    CHILD_CHECK(
+        compcntr_trigger_arm(c, 1, [](void*, int) {}, nullptr, COMPCNTR_TRIGGER_INLINE) == nullptr);
+    CHILD_CHECK(errno == EOWNERDEAD);
+    CHILD_CHECK(contains(compcntr_last_error_message(), "trigger_arm"));
+  });
+  CHECK(reap(pid) == 0);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+TEST_CASE("shared triggers: stress (TSan): foreign updates fire triggers re-armed 300 times") {
+  seg_name n("trigstress");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  seg_view view(n);
+  REQUIRE(view);
+  std::atomic<bool> stop{false};
+  std::thread foreign([&] {
+    shm::header& h = view.hdr();
+    shm::cell& cell = view.cell(id.index);
+    for (unsigned k = 0; !stop.load(std::memory_order_relaxed); ++k) {
+      cell.h[k & 1].value.fetch_add(1, std::memory_order_seq_cst);
+      if (h.sleepers.load(std::memory_order_seq_cst) != 0) {
+        h.wake_seq.fetch_add(1, std::memory_order_release);
+        ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&h.wake_seq), FUTEX_WAKE, INT_MAX,
+                  nullptr, nullptr, 0);
+      }
+      if (k % 64 == 0) std::this_thread::yield();
+    }
+  });
+  const int efd = ::eventfd(0, EFD_CLOEXEC);
+  REQUIRE(efd >= 0);
+  int bad = 0;
+  for (int round = 0; round < 300; ++round) {
+    fired_rec r;
+    r.c = c;
+    r.efd = efd;
+    const std::uint64_t thr = value(c) + 1 + static_cast<std::uint64_t>(round % 40);
+    compcntr_trigger* t = compcntr_trigger_arm(c, thr, record_fire, &r, COMPCNTR_TRIGGER_INLINE);
+    REQUIRE(t != nullptr);
+    std::uint64_t v = 0;
+    if (readable(efd, 20000) != 1 || ::read(efd, &v, 8) != 8) ++bad;
+    if (r.runs.load() != 1 || r.status.load() != 0 || r.seen.load() < thr) ++bad;
+    CHECK(compcntr_trigger_destroy(t) == 0);
+  }
+  stop.store(true);
+  foreign.join();
+  CHECK(bad == 0);
+  ::close(efd);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
 }

@@ -429,14 +429,18 @@ trigger_node* arm_trigger(slot& s, std::uint64_t threshold, trigger_action fn, v
     return nullptr;
   };
   if (fn == nullptr) return refuse(EINVAL, "the action is NULL");
-  // A trigger list hears this process's updates only: refused on a shared counter, whose
-  // updates come from other processes too (docs/shared.md, "Not yet").
-  if (is_shared(s))
-    return refuse(ENOTSUP, "the counter is a shared counter; triggers on shared counters are not "
-                           "supported yet (wait on it, or arm on a private counter)");
   if (mode != trigger_inline && mode != trigger_deferred)
     return refuse(EINVAL, "flags must be exactly one of COMPCNTR_TRIGGER_INLINE and "
                           "COMPCNTR_TRIGGER_DEFERRED (trigger_mode::immediate / deferred)");
+  // A shared counter's updates in other processes reach its triggers through the device's
+  // watcher (compcntr:shared): registered first, so a refusal (fork child) arms nothing.
+  const bool shared = is_shared(s);
+  if (shared) [[unlikely]]
+    if (auto err = shared_watch_fd(s, "trigger_arm")) {
+      if (target != nullptr) unref_counter_slot(*target);
+      ec = err;
+      return nullptr;
+    }
   trigger_queue* q = nullptr;
   if (mode == trigger_deferred && (q = ensure_queue(*s.owner)) == nullptr)
     return refuse(ENOMEM, "out of memory for the device's deferred queue");
@@ -472,6 +476,8 @@ trigger_node* arm_trigger(slot& s, std::uint64_t threshold, trigger_action fn, v
   // Dekker with the updates (compcntr:trigger): an update that missed this arm is seen here.
   // Already reached: fire now (inline: in this thread, before arm returns).
   if (s.value_seq_cst() >= threshold) fire_slot_triggers(s);
+  if (shared) [[unlikely]]
+    shared_watch_kick(s); // after watch_triggers is set: a parked watcher registers and scans
   ec.clear();
   return n;
 }
@@ -591,6 +597,24 @@ void end_slot_triggers(slot& s) noexcept {
 }
 
 void release_trigger_list(trigger_list* l) noexcept { list_unref(l); }
+
+trigger_list* shared_due_triggers(slot& s) noexcept {
+  trigger_list* l = list_of(s);
+  if (l == nullptr) return nullptr;
+  // The watcher's scan: seq_cst loads after its registration in the segment's sleeper count
+  // (compcntr:shared), as fire_slot_triggers' test after an update.
+  if (s.value_seq_cst() < l->next.load(std::memory_order_seq_cst)) return nullptr;
+  l->refs.fetch_add(1, std::memory_order_relaxed); // the caller holds the slot: l is alive
+  return l;
+}
+
+void shared_fire_triggers(trigger_list* l) noexcept {
+  ++tl_depth;
+  fire_list(*l); // nothing if the counter is gone (dead, checked under its lock)
+  drain_pending();
+  --tl_depth;
+  list_unref(l);
+}
 
 std::size_t run_device_triggers(device_core& dev) noexcept {
   trigger_queue* q = find_queue(dev);

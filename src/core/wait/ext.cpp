@@ -37,6 +37,11 @@ struct slot_ext {
   std::atomic<bool> fd_thresholded{false};
   std::atomic<std::uint64_t> fd_threshold{0};
   std::atomic<std::uint64_t> fd_err0{0};
+  /// A shared counter's plain arm (compcntr:shared): the value at the arm. Another process's
+  /// update is heard by this process's fd watcher, which signals once the value or the error
+  /// count differs from the arm's (fd_value0, fd_err0); this process's own updates signal as
+  /// for a private counter. Written before the arming RMW, read after a load of the bit.
+  std::atomic<std::uint64_t> fd_value0{0};
   /// The counter's triggers (compcntr:trigger), created by the first arm; this block holds a
   /// reference on it, dropped when the block is freed.
   std::atomic<trigger_list*> triggers{nullptr};
@@ -165,15 +170,8 @@ std::atomic<trigger_list*>* slot_trigger_cell(slot& s, bool create) noexcept {
 }
 
 int slot_fd(slot& s, std::error_code& ec) noexcept {
-  // An eventfd is signalled by this process's updates only: refused for a shared counter,
-  // whose updates come from other processes too (docs/shared.md, "Not yet").
-  if (is_shared(s)) {
-    fail_into(ec, ENOTSUP,
-              "get_fd: counter %u is a shared counter; pollable fds of shared counters are not "
-              "supported yet (wait or poll on it instead: they sleep across processes)",
-              s.index);
-    return -1;
-  }
+  // A shared counter's fd is the same eventfd; other processes' updates reach it through the
+  // segment's fd watcher, registered by the arms (compcntr:shared, docs/shared.md).
   slot_ext* e = ensure_ext(s);
   if (e == nullptr) {
     fail_into(ec, ENOMEM, "get_fd: out of memory for counter %u's extension block", s.index);
@@ -219,6 +217,12 @@ slot_ext* arm_prepare(slot& s, const char* call, std::error_code& ec) noexcept {
 void arm_slot_fd_threshold(slot& s, std::uint64_t threshold, std::error_code& ec) noexcept {
   slot_ext* e = arm_prepare(s, "arm_fd_threshold", ec);
   if (e == nullptr) return;
+  const bool shared = is_shared(s);
+  if (shared) [[unlikely]]
+    if (auto err = shared_watch_fd(s, "arm_fd_threshold")) { // refused: nothing armed
+      ec = err;
+      return;
+    }
   drain_fd(*e, e->fd.load(std::memory_order_acquire));
   // The condition first, then the arming RMW: an updater that sees the bit sees the condition.
   e->fd_threshold.store(threshold, std::memory_order_relaxed);
@@ -229,12 +233,25 @@ void arm_slot_fd_threshold(slot& s, std::uint64_t threshold, std::error_code& ec
   // Dekker with the updaters (compcntr:slot): an update this arm's bit did not reach is seen
   // by this check. Already there (or an error since the sample): readable now, disarmed.
   if (fd_condition(s, *e)) signal_fd(s, *e);
+  if (shared) [[unlikely]]
+    shared_watch_kick(s); // after the arming RMW: a parked watcher registers and scans
   ec.clear();
 }
 
 void arm_slot_fd(slot& s, std::error_code& ec) noexcept {
   slot_ext* e = arm_prepare(s, "arm_fd", ec);
   if (e == nullptr) return;
+  const bool shared = is_shared(s);
+  if (shared) [[unlikely]] {
+    if (auto err = shared_watch_fd(s, "arm_fd")) { // refused: nothing armed
+      ec = err;
+      return;
+    }
+    // The baseline the watcher compares with, before the arming RMW (seq_cst loads): an
+    // update after these loads changes what the watcher's scan reads.
+    e->fd_value0.store(s.value_seq_cst(), std::memory_order_relaxed);
+    e->fd_err0.store(s.errors_seq_cst(), std::memory_order_relaxed);
+  }
   e->fd_thresholded.store(false, std::memory_order_seq_cst);
   // Drain the previous readiness (only if a signal was recorded or is in flight: no syscall
   // otherwise).
@@ -244,7 +261,27 @@ void arm_slot_fd(slot& s, std::error_code& ec) noexcept {
   // (an update this arm does not hear about is visible to that load).
   s.watch.fetch_or(watch_fd_armed, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (shared) [[unlikely]]
+    shared_watch_kick(s);
   ec.clear();
+}
+
+bool shared_fd_check(slot& s, bool creator_dead) noexcept {
+  slot_ext* e = s.ext.load(std::memory_order_acquire);
+  if (e == nullptr || e->fd.load(std::memory_order_acquire) < 0) return false;
+  // The bit first (seq_cst): the arm's condition fields, written before its RMW, are visible.
+  if ((s.watch.load(std::memory_order_seq_cst) & watch_fd_armed) == 0) return false;
+  bool due = creator_dead;
+  if (!due) {
+    if (e->fd_thresholded.load(std::memory_order_seq_cst))
+      due = fd_condition(s, *e);
+    else
+      due = s.value_seq_cst() != e->fd_value0.load(std::memory_order_relaxed) ||
+            s.errors_seq_cst() != e->fd_err0.load(std::memory_order_relaxed);
+  }
+  if (!due) return true;
+  signal_fd(s, *e); // one-shot: whoever clears the bit (this or a local update) writes
+  return false;
 }
 
 } // namespace compcntr::detail
