@@ -314,6 +314,7 @@ struct config {
   std::string provider; ///< fi_getinfo's prov_name
   std::string mode;     ///< the probe's mode
   std::uint64_t iters;  ///< rounds per sample
+  std::string skip{};   ///< not run, and why (empty: run)
 };
 
 // Runs every configuration `rounds` times, alternating, in fresh processes (FI_PROVIDER_PATH
@@ -327,6 +328,10 @@ std::vector<bench::result> collect(const bench::context& ctx, const std::vector<
   for (int r = 0; r < rounds; ++r)
     for (std::size_t k = 0; k < cs.size(); ++k) {
       if (!out[k].available) continue;
+      if (!cs[k].skip.empty()) {
+        out[k] = bench::result::unavailable(cs[k].name, cs[k].skip, unit);
+        continue;
+      }
       const bool layered = cs[k].provider.find("ofi_compcntr") != std::string::npos;
       if (layered && dir.empty()) {
         out[k] = bench::result::unavailable(cs[k].name, "built without ofi_compcntr", unit);
@@ -372,18 +377,27 @@ void run(bench::context& ctx) {
   // triggers fire from its progress thread, which sleeps between polls (~10-25 ms a round).
   const std::uint64_t iters = ctx.opt.smoke ? 30 : 2'000;
   const std::uint64_t sockets_iters = ctx.opt.smoke ? 3 : 20;
+#ifdef COMPCNTR_BENCH_SANITIZED
+  // sockets fires its triggers from its own progress thread inside the uninstrumented
+  // libfabric: ThreadSanitizer reports that thread's accesses as races in the probe.
+  const std::string sockets_skip = std::string("sanitizer build (") + COMPCNTR_BENCH_SANITIZED +
+                                   "): sockets' progress thread is not instrumented";
+#else
+  const std::string sockets_skip;
+#endif
   {
     auto r = collect(
         ctx,
         {{"triggered write (tcp;ofi_rxm;ofi_compcntr)", "tcp;ofi_rxm;ofi_compcntr", "triggered",
           iters},
          {"wait on the counter, then fi_write (tcp;ofi_rxm)", "tcp;ofi_rxm", "by_hand", iters},
-         {"triggered write (sockets' own triggers)", "sockets", "triggered", sockets_iters}},
+         {"triggered write (sockets' own triggers)", "sockets", "triggered", sockets_iters,
+          sockets_skip}},
         samples, rounds, "ns per round trip");
     ctx.add(bench::compare("P17", b + ": triggered through ofi_compcntr vs by hand", r[0], r[1],
                            bench::goal::ratio_at_most, 1.1));
-    ctx.add(bench::compare("P17", b + ": sockets' own triggers vs by hand on tcp;ofi_rxm", r[2],
-                           r[1], bench::goal::info));
+    ctx.add(bench::compare("P17", b + ": triggered through ofi_compcntr vs sockets' own triggers",
+                           r[0], r[2], bench::goal::info));
   }
   {
     auto r = collect(ctx,
