@@ -46,7 +46,7 @@ meson)
     { cat "$tmp/setup.log"; fail "meson setup of the consumer failed"; }
   grep -q "compcntr: YES" "$tmp/setup.log" || { cat "$tmp/setup.log"; fail "compcntr did not come from the subproject"; }
   # The consumer's programs and what they link, not the subproject's DL providers (the hook,
-  # ofi_compcntr: nothing of the consumer's loads them); the test runs alone (is_parallel).
+  # ofi_compcntr: nothing of the consumer's loads them).
   targets=(consumer_c consumer_cpp)
   [ "$fabric" = yes ] && targets+=(consumer_fabric)
   ninja -C "$p/build" "${targets[@]}" >"$tmp/build.log" 2>&1 || { tail -40 "$tmp/build.log"; fail "build failed"; }
