@@ -922,7 +922,8 @@ compcntr_comp_cntr* child_resolve(compcntr_device* cd, const compcntr_counter_id
 
 TEST_CASE("shared fds: a threshold-armed fd is readable exactly when another process reaches it") {
   seg_name n("fdthr");
-  const int fds0 = proc_self_entries("fd"), tasks0 = threads_now();
+  const int fds0 = proc_self_entries("fd");
+  CHECK(eventually([] { return watcher_threads() == 0; }, 200000));
   {
     compcntr_device* d = open_or_fail(n);
     compcntr_comp_cntr* c = create(d);
@@ -944,7 +945,7 @@ TEST_CASE("shared fds: a threshold-armed fd is readable exactly when another pro
       CHILD_CHECK(compcntr_close_device(cd) == 0);
     });
     REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 10) == 0);
-    CHECK(proc_self_entries("task") == tasks0 + 1);  // the device's fd watcher
+    CHECK(eventually([] { return watcher_threads() == 1; }, 200000));  // the device's fd watcher
     // The watcher sleeps on the segment as a waiter: one sleeper.
     REQUIRE(eventually([&] { return view.hdr().sleepers.load() == 1; }));
     char a = 0;
@@ -971,7 +972,7 @@ TEST_CASE("shared fds: a threshold-armed fd is readable exactly when another pro
     CHECK(compcntr_close_device(d) == 0);
   }
   // The eventfd went with the counter, the watcher thread with the device.
-  CHECK(proc_self_entries("task") == tasks0);
+  CHECK(eventually([] { return watcher_threads() == 0; }, 200000));
   CHECK(proc_self_entries("fd") == fds0);
 }
 
@@ -1202,13 +1203,14 @@ TEST_CASE("shared fds: a process killed while armed leaves the others working, n
 
 TEST_CASE("shared fds: close is EBUSY while armed counters live; destroy closes the fd; no leaks") {
   seg_name n("fdclose");
-  const int fds0 = proc_self_entries("fd"), tasks0 = threads_now();
+  const int fds0 = proc_self_entries("fd");
+  CHECK(eventually([] { return watcher_threads() == 0; }, 200000));
   compcntr_device* d = open_or_fail(n);
   compcntr_comp_cntr* c = create(d);
   const compcntr_counter_id id = id_of(c);
   const int fd = get_fd(c);
   REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 5) == 0);
-  CHECK(proc_self_entries("task") == tasks0 + 1);
+  CHECK(eventually([] { return watcher_threads() == 1; }, 200000));
   CHECK(compcntr_close_device(d) == EBUSY); // refused: the counter and its armed fd go on
   const pid_t up = spawn([&] {
     compcntr_device* cd = child_open(n);
@@ -1252,7 +1254,7 @@ TEST_CASE("shared fds: close is EBUSY while armed counters live; destroy closes 
     CHECK(reap(holder) == 0);
   }
   CHECK(compcntr_close_device(d) == 0); // joins the watcher
-  CHECK(proc_self_entries("task") == tasks0);
+  CHECK(eventually([] { return watcher_threads() == 0; }, 200000));
   CHECK(proc_self_entries("fd") == fds0);
 }
 
@@ -1363,7 +1365,7 @@ void record_fire(void* p, int status) {
 
 TEST_CASE("shared triggers: another process's update crossing the threshold fires it, once") {
   seg_name n("trig");
-  const int tasks0 = threads_now();
+  CHECK(eventually([] { return watcher_threads() == 0; }, 200000));
   compcntr_device* d = open_or_fail(n);
   compcntr_comp_cntr* c = create(d);
   const compcntr_counter_id id = id_of(c);
@@ -1374,7 +1376,7 @@ TEST_CASE("shared triggers: another process's update crossing the threshold fire
   compcntr_trigger* t = compcntr_trigger_arm(c, 5, record_fire, &rec, COMPCNTR_TRIGGER_INLINE);
   INFO(compcntr_last_error_message());
   REQUIRE(t != nullptr);
-  CHECK(proc_self_entries("task") == tasks0 + 1); // the device's watcher
+  CHECK(eventually([] { return watcher_threads() == 1; }, 200000)); // the device's watcher
   channel step, ack;
   const pid_t pid = spawn([&] {
     compcntr_device* cd = child_open(n);
@@ -1433,7 +1435,7 @@ TEST_CASE("shared triggers: another process's update crossing the threshold fire
   CHECK(compcntr_trigger_destroy(t3) == 0);
   ::close(rec.efd);
   CHECK(compcntr_close_device(d) == 0);
-  CHECK(proc_self_entries("task") == tasks0);
+  CHECK(eventually([] { return watcher_threads() == 0; }, 200000));
 }
 
 TEST_CASE("shared triggers: a chain of 40 thresholds crossed by 4 processes, deferred too") {
