@@ -59,14 +59,14 @@ void waiting(compcntr::device& dev) {
               "(%.2f%% of a core)\n",
               errc_name(r), wall / 1e3, cpu, 100 * cpu / wall);
 
-  std::thread failer([&] {
-    while ((done.native_slot()->watch.load() & compcntr::detail::watch_sleepers_mask) == 0)
-      std::this_thread::yield();
-    done.add_error();  // an operation fails while someone waits
-  });
-  r = compcntr::wait(done, 2000, 5s, compcntr::wait_options{.spin = 0ns});
+  // wait_since counts errors from the caller's baseline: the failure is seen whether it lands
+  // before the waiter sleeps or after.
+  const std::uint64_t errors_seen = done.errors();
+  std::thread failer([&] { done.add_error(); });  // an operation fails while someone waits
+  r = compcntr::wait_since(done, 2000, errors_seen, 5s, compcntr::wait_options{.spin = 0ns});
   failer.join();
-  std::printf("  wait(counter, 2000, 5 s) while an operation fails -> %s\n", errc_name(r));
+  std::printf("  wait_since(counter, 2000, errors seen, 5 s) while an operation fails -> %s\n",
+              errc_name(r));
   std::printf("  wait(counter, 2000, 0 ms) (test once) -> %s\n",
               errc_name(compcntr::wait(done, 2000, 0ms)));
 

@@ -48,7 +48,7 @@ import :shared;
 import :types;
 import :error;
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 class device_core;
 class cmd_comp_core;             // compcntr:cmd_comp
@@ -56,7 +56,14 @@ class qp_capability;             // compcntr:qp
 class native_attach_capability;  // compcntr:qp
 class command_capability;        // compcntr:cmd_comp
 
-/// A counter backend (see the file comment). Defaults: src/core/backend.cpp.
+}  // namespace compcntr::detail
+
+export namespace compcntr::plugin {
+
+/// A counter backend (see the file comment): the one class of the plug-in interface an
+/// out-of-tree backend implements (device::from_backend). Its optional capabilities return
+/// module-internal types: out of the module a backend offers counters only. Defaults:
+/// src/core/backend.cpp.
 class backend {
  public:
   virtual ~backend() = default;
@@ -86,12 +93,18 @@ class backend {
   virtual void query_values(std::span<slot* const> slots, counter_values* out) noexcept;
 
   /// Optional capabilities (see the file comment): nullptr when the backend has none.
-  virtual qp_capability* qps() noexcept { return nullptr; }
-  virtual native_attach_capability* native_attach() noexcept { return nullptr; }
-  virtual command_capability* commands() noexcept { return nullptr; }
+  virtual detail::qp_capability* qps() noexcept { return nullptr; }
+  virtual detail::native_attach_capability* native_attach() noexcept { return nullptr; }
+  virtual detail::command_capability* commands() noexcept { return nullptr; }
   /// The segment of a shared device (compcntr:shared), nullptr for a private device.
-  virtual shared_segment* shared() noexcept { return nullptr; }
+  virtual detail::shared_segment* shared() noexcept { return nullptr; }
 };
+
+}  // namespace compcntr::plugin
+
+namespace compcntr::detail {
+
+using plugin::backend;
 
 /// Something a higher layer attaches to a device and the device stops when it dies (the
 /// software command engine of compcntr:cmd_comp). Found by its key (the address of a static

@@ -41,7 +41,7 @@ import :shared;
 import :types;
 import :error;
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 /// The operations every counter type offers, defined once: counter (owner), counter_ref (counted
 /// reference) and counter_view (no ownership) derive from it. `Self` provides native_slot().
@@ -109,7 +109,7 @@ class counter_view : public detail::counter_surface<counter_view> {
   /// A view of the counter in `s` (for the library's layers and adapters).
   inline explicit counter_view(detail::slot* s) noexcept : s_(s) {}
 
-  inline detail::slot* native_slot() const noexcept { return s_; }
+  inline plugin::slot* native_slot() const noexcept { return s_; }
   /// Two views are equal when they name the same counter (or are both empty).
   friend bool operator==(counter_view a, counter_view b) noexcept { return a.s_ == b.s_; }
 
@@ -157,7 +157,7 @@ class counter : public detail::counter_surface<counter> {
   }
 
   /// The slot (for the library's other layers: waits, QPs, adapters).
-  inline detail::slot* native_slot() const noexcept { return s_; }
+  inline plugin::slot* native_slot() const noexcept { return s_; }
 
  private:
   friend class device;

@@ -69,7 +69,7 @@ class counter_ref : public detail::counter_surface<counter_ref> {
     if (detail::slot* s = std::exchange(s_, nullptr)) detail::unref_counter_slot(*s);
   }
 
-  inline detail::slot* native_slot() const noexcept { return s_; }
+  inline plugin::slot* native_slot() const noexcept { return s_; }
   /// Gives the reference up without dropping it (the ref is empty after): the caller drops it
   /// later with detail::unref_counter_slot (the C API's compcntr_comp_cntr_release does).
   inline detail::slot* release() noexcept { return std::exchange(s_, nullptr); }

@@ -75,7 +75,7 @@ class device {
   /// Opens a device served by a backend built outside the library (tests' fake devices, out-of-
   /// tree backends). Takes ownership of `be`; the pool capacity follows COMPCNTR_MAX_COUNTERS.
   /// On failure returns an empty device and sets ec (EINVAL: `be` is null).
-  static device from_backend(std::unique_ptr<detail::backend> be, std::error_code& ec) noexcept;
+  static device from_backend(std::unique_ptr<plugin::backend> be, std::error_code& ec) noexcept;
 
   inline explicit operator bool() const noexcept { return core_ != nullptr; }
   inline std::string_view name() const noexcept { return core_->be().name(); }

@@ -24,7 +24,7 @@ std::string_view last_error_message() noexcept;
 
 }  // namespace compcntr
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 /// Records `printf`-style message as this thread's last error and returns errno `err`
 /// as a std::error_code in the generic category.

@@ -44,7 +44,7 @@ export module compcntr:lifetime;
 import :slot;
 import :types;
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 class slot_pool;
 

@@ -44,7 +44,7 @@ import :cache_padded;
 import :lifetime;
 import :slot;
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 /// How a slot_pool finds its topology and the calling thread's CPU (tests inject both).
 struct pool_config {
@@ -142,7 +142,7 @@ constexpr std::uint32_t hi_of(std::uint64_t w) noexcept {
 bool have_cas_pair() noexcept;
 } // namespace compcntr::detail
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 class slot_pool {
  public:

@@ -40,7 +40,7 @@ inline constexpr std::uint32_t shared_excl = 1u << 1;    ///< with create: EEXIS
 
 }  // namespace compcntr
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 /// Bit of slot::watch, set for the whole life of a shared counter's binding: every update goes
 /// to notify_slow (which calls notify_shared). Not a count; never cleared by waiters.

@@ -42,10 +42,13 @@ export module compcntr:slot;
 import :cache_padded;
 import :types;
 
-export namespace compcntr::detail {
+// The backend plug-in interface (compcntr::plugin: slot, hw_counter_ops here, backend in
+// compcntr:backend) is what `import compcntr;` exports beyond the public API, for out-of-tree
+// backends (device::from_backend). Everything in compcntr::detail has module linkage: units of
+// the module see it, importers cannot name it (tests/core/no_detail_test.py checks).
+export namespace compcntr::plugin {
 
 struct slot;
-class device_core;
 
 /// Native (hardware-backed) counter operations. nullptr in slot::hw means "software counter":
 /// the slot itself is the counter and every operation is an atomic on it.
@@ -57,6 +60,14 @@ struct hw_counter_ops {
   /// Brings value/errors up to date for backends whose device does not write into the slot.
   void (*refresh)(slot&) noexcept;
 };
+
+}  // namespace compcntr::plugin
+
+namespace compcntr::detail {
+
+using plugin::hw_counter_ops;
+using plugin::slot;
+class device_core;
 
 /// Bits of slot::watch: who must hear about an update.
 inline constexpr std::uint32_t watch_sleepers_mask = 0x00ffffffu;  ///< waiters asleep in futex
@@ -129,6 +140,12 @@ inline std::int32_t rseq_cpu_offset() noexcept {
   return cpu >= 0 ? static_cast<unsigned>(cpu) : 0u;
 }
 
+} // namespace compcntr::detail
+
+export namespace compcntr::plugin {
+
+/// One counter's memory (see the file comment). A backend reads and writes the fields its
+/// bind_counter/unbind_counter documentation names (backend_data, hw, value, errors).
 struct alignas(false_sharing_range) slot {
   // ---- line 0: the values (written by every update of a plain counter, polled by waiters),
   // and fields fixed for the counter's life (written only when the pool hands the slot out):
@@ -144,13 +161,13 @@ struct alignas(false_sharing_range) slot {
   /// and 127 of this word (bench P12: 4 loads per read instead of 5). 0: a plain counter. Read
   /// by every read (value()/errors() sum the stripes when it is set); stripe_array() untags it.
   std::uintptr_t stripes = 0;
-  device_core* owner = nullptr; ///< device whose counter this is
+  detail::device_core* owner = nullptr; ///< device whose counter this is
   std::uint32_t index = 0; ///< position in the pool, fixed for the slot's life
   /// OS index of the NUMA node the pool assigned this slot's arena to, fixed for the slot's
   /// life (memory really lives there when slot_pool::memory_bound()).
   std::int32_t numa_node = 0;
   std::uint32_t stripe_mask_ = 0; ///< stripes - 1 (striped counters); stripe_mask()
-  std::int32_t cpu_offset = no_rseq; ///< rseq_cpu_offset() (striped counters)
+  std::int32_t cpu_offset = detail::no_rseq; ///< rseq_cpu_offset() (striped counters)
 
   // ---- line 1: read by every update (hw before its RMW, watch after it), written rarely:
   // waiters registering, create/destroy, attach, in-flight queries. Keeping `watch` and `hw` off
@@ -169,7 +186,7 @@ struct alignas(false_sharing_range) slot {
   std::atomic<std::uint64_t> generation{0};
   std::atomic<std::uint32_t> next_free{0}; ///< pool free-list link (slot index + 1, 0 = end)
   std::atomic<std::uint32_t> refs{0}; ///< owner + holders (compcntr:lifetime)
-  std::atomic<slot_ext*> ext{nullptr}; ///< optional features (see slot_ext)
+  std::atomic<detail::slot_ext*> ext{nullptr}; ///< optional features (see slot_ext)
   /// The C API's counter object (struct compcntr_comp_cntr and what it owns) lives here, on the
   /// line every update reads anyway, so a C counter costs no memory besides its slot and the
   /// inline C fast paths (include/compcntr/compcntr.h) load the slot pointer from a line that
@@ -184,25 +201,25 @@ struct alignas(false_sharing_range) slot {
   /// between set()s), exact once updates have stopped.
   inline std::uint64_t load_value() const noexcept {
     if (stripes != 0) [[unlikely]]
-      return sum_stripes<&stripe::value>(std::memory_order_acquire);
+      return sum_stripes<&detail::stripe::value>(std::memory_order_acquire);
     return value.load(std::memory_order_acquire);
   }
   /// Error count. Memory ordering: acquire (striped: as load_value()).
   inline std::uint64_t load_errors() const noexcept {
     if (stripes != 0) [[unlikely]]
-      return sum_stripes<&stripe::errors>(std::memory_order_acquire);
+      return sum_stripes<&detail::stripe::errors>(std::memory_order_acquire);
     return errors.load(std::memory_order_acquire);
   }
   /// The same with seq_cst loads: what waiters re-check after registering in `watch` (the
   /// Dekker pairing of the file comment needs seq_cst loads of every word an update writes).
   inline std::uint64_t value_seq_cst() const noexcept {
     if (stripes != 0) [[unlikely]]
-      return sum_stripes<&stripe::value>(std::memory_order_seq_cst);
+      return sum_stripes<&detail::stripe::value>(std::memory_order_seq_cst);
     return value.load(std::memory_order_seq_cst);
   }
   inline std::uint64_t errors_seq_cst() const noexcept {
     if (stripes != 0) [[unlikely]]
-      return sum_stripes<&stripe::errors>(std::memory_order_seq_cst);
+      return sum_stripes<&detail::stripe::errors>(std::memory_order_seq_cst);
     return errors.load(std::memory_order_seq_cst);
   }
 
@@ -236,13 +253,13 @@ struct alignas(false_sharing_range) slot {
   }
 
   /// The stripe of the CPU the caller runs on (striped counters only).
-  [[gnu::always_inline]] inline stripe& stripe_here() const noexcept {
-    return stripe_array()[current_cpu_hint(cpu_offset) & stripe_mask()];
+  [[gnu::always_inline]] inline detail::stripe& stripe_here() const noexcept {
+    return stripe_array()[detail::current_cpu_hint(cpu_offset) & stripe_mask()];
   }
   /// Whether this is a striped counter, its stripes and their number - 1 (striped only).
   inline bool striped() const noexcept { return stripes != 0; }
-  inline stripe* stripe_array() const noexcept {
-    return reinterpret_cast<stripe*>(stripes & ~std::uintptr_t{two_stripes_tag});
+  inline detail::stripe* stripe_array() const noexcept {
+    return reinterpret_cast<detail::stripe*>(stripes & ~std::uintptr_t{detail::two_stripes_tag});
   }
   inline std::uint32_t stripe_mask() const noexcept { return stripe_mask_; }
 
@@ -278,16 +295,17 @@ struct alignas(false_sharing_range) slot {
   // The sum of the stripes (a power of two, at least 2): two of them straight (told by the tag
   // bit of `stripes`, no load of the count), more four at a time with no remainder. A read of a
   // 2-stripe counter is then two loads and an add.
-  template <std::atomic<std::uint64_t> stripe::* Word>
+  template <std::atomic<std::uint64_t> detail::stripe::* Word>
   [[gnu::always_inline]] inline std::uint64_t sum_stripes(std::memory_order mo) const noexcept {
     const std::uintptr_t w = stripes;
-    if (w & two_stripes_tag) [[likely]] { // falls through: no taken branch more than before
-      const stripe* st = reinterpret_cast<const stripe*>(w - two_stripes_tag);
+    if (w & detail::two_stripes_tag) [[likely]] { // falls through: no taken branch more than before
+      const detail::stripe* st =
+          reinterpret_cast<const detail::stripe*>(w - detail::two_stripes_tag);
       return (st[0].*Word).load(mo) + (st[1].*Word).load(mo);
     }
-    const stripe* st = reinterpret_cast<const stripe*>(w);
+    const detail::stripe* st = reinterpret_cast<const detail::stripe*>(w);
     std::uint64_t v = 0;
-    for (const stripe* end = st + stripe_mask_ + 1; st != end; st += 4)
+    for (const detail::stripe* end = st + stripe_mask_ + 1; st != end; st += 4)
       v += (st[0].*Word).load(mo) + (st[1].*Word).load(mo) + (st[2].*Word).load(mo) +
            (st[3].*Word).load(mo);
     return v;
@@ -303,4 +321,4 @@ static_assert(offsetof(slot, c_api) + sizeof(slot::c_api) == sizeof(slot),
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
-} // namespace compcntr::detail
+} // namespace compcntr::plugin

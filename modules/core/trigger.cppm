@@ -53,7 +53,7 @@ import :counter;
 import :device;
 import :error;
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 struct trigger_node;  // src/core/trigger/trigger.cpp
 /// An action: ctx, and 0 (reached) or ECANCELED.

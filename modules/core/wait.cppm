@@ -94,7 +94,7 @@ struct poll_result {
 
 } // namespace compcntr
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 /// A list of slots poll_any scans, independent of how the caller stores its counters.
 struct slot_list {

@@ -70,7 +70,7 @@ struct query_response {
 
 }  // namespace compcntr
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 /// Bytes of a response header: the caller's wr_id (struct compcntr_devx_async_cmd_hdr).
 inline constexpr std::size_t async_cmd_header_bytes = sizeof(std::uint64_t);

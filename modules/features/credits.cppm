@@ -45,7 +45,7 @@ import :counter;
 import :device;
 import :wait;
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 /// One peer's state. Internal. One per 128-byte block: threads working for different peers
 /// never share a line.

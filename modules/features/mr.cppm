@@ -50,7 +50,7 @@ inline constexpr std::uint32_t all = local_write | remote_write | remote_read;
 
 }  // namespace compcntr
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 /// A registration as the backend keeps it. Internal: use compcntr::memory_region.
 class mr_impl {

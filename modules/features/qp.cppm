@@ -109,7 +109,7 @@ class qp;
 
 }  // namespace compcntr
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 inline constexpr unsigned attach_op_count = 6;  ///< attach_op bits 0..5
 

@@ -44,7 +44,7 @@ import :device;
 import :cmd_comp;
 import :error;
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 /// Device -> mirror: replaces both values with what the device reported and wakes watchers.
 /// Bypasses slot::hw on purpose: this is not an application set.

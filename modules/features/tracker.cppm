@@ -67,7 +67,7 @@ import :counter_ref;
 import :device;
 import :wait;
 
-export namespace compcntr::detail {
+namespace compcntr::detail {
 
 /// The shared state of one completion_tracker. Internal. issued is written by issuers, the
 /// other fields are fixed or written only by reporting quiets: two blocks, so issuers never

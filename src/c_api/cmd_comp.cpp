@@ -1,5 +1,6 @@
 // The C API of asynchronous command completion (include/compcntr/cmd_comp.h) over
 // compcntr::cmd_completion.
+module;
 #include <compcntr/compcntr.h>
 
 #include <cerrno>
@@ -10,10 +11,12 @@
 #include <system_error>
 #include <type_traits>
 #include <utility>
+#include <atomic>
+#include <chrono>
 
-import compcntr;
+module compcntr;
 
-#include "internal.hpp"
+import :c_api;
 
 using namespace compcntr::c_api;
 
@@ -43,7 +46,7 @@ struct compcntr_devx_cmd_comp* compcntr_devx_create_cmd_comp(struct compcntr_dev
   auto* c = new (std::nothrow) c_cmd_comp{};
   if (!c) return fail_null<compcntr_devx_cmd_comp>(fail(ENOMEM, "create_cmd_comp: out of memory"));
   std::error_code ec;
-  c->cxx = compcntr::cmd_completion::create(dev->dev, ec);
+  c->cxx = compcntr::cmd_completion::create(impl(dev)->dev, ec);
   if (ec) {
     delete c;
     return fail_null<compcntr_devx_cmd_comp>(ec);

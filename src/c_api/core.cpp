@@ -1,5 +1,6 @@
 // The C API of devices and counters (include/compcntr/compcntr.h): NULL checks and errno
-// mapping over `import compcntr;`. Other call families live beside this file, one per file.
+// mapping in the module (a unit of module compcntr). Other call families live beside this file, one per file.
+module;
 #include <compcntr/compcntr.h>
 
 #include <atomic>
@@ -12,10 +13,11 @@
 #include <string>
 #include <system_error>
 #include <utility>
+#include <chrono>
 
-import compcntr;
+module compcntr;
 
-#include "internal.hpp"
+import :c_api;
 
 using namespace compcntr::c_api;
 
@@ -38,7 +40,7 @@ c_counter* make_c_counter(compcntr_device* dev, compcntr::counter&& cxx) noexcep
   void* where;
   if constexpr (c_counters_on_heap) {
     where = ::operator new(sizeof(c_counter), std::nothrow);
-    if (!where) return nullptr;  // `cxx` destroys the counter
+    if (!where) return nullptr; // `cxx` destroys the counter
   } else {
     where = cxx.native_slot()->c_api;
   }
@@ -50,7 +52,7 @@ namespace {
 // public struct's 32-bit reserved_ word. Append-only, lock-free: a name claims the first empty
 // entry with a CAS. 15 names: the library itself has one owner kind (the fi_cntr adapter).
 constexpr std::size_t max_owner_names = 15;
-std::atomic<const char*> owner_names[max_owner_names + 1];  // entry 0 unused: "no owner"
+std::atomic<const char*> owner_names[max_owner_names + 1]; // entry 0 unused: "no owner"
 
 std::uint32_t owner_code(const char* name) noexcept {
   for (std::uint32_t i = 1; i <= max_owner_names; ++i) {
@@ -68,13 +70,13 @@ const char* owner_name(std::uint32_t code) noexcept {
       code <= max_owner_names ? owner_names[code].load(std::memory_order_acquire) : nullptr;
   return n != nullptr ? n : "another object";
 }
-}  // namespace
+} // namespace
 
 // Neither path runs ~c_counter: its compcntr::counter must not touch a slot that is gone (in
 // the slot mode the object itself lives in that slot). The storage is simply released.
 int destroy_c_counter(c_counter* c) noexcept {
   if (const std::error_code e = compcntr::detail::destroy_counter_slot(*c->cxx.native_slot()))
-    return e.value();  // EBUSY: the counter stays usable
+    return e.value(); // EBUSY: the counter stays usable
   if constexpr (c_counters_on_heap) ::operator delete(c);
   return 0;
 }
@@ -84,7 +86,7 @@ void drop_c_counter(c_counter* c) noexcept {
   if constexpr (c_counters_on_heap) ::operator delete(c);
 }
 
-}  // namespace compcntr::c_api
+} // namespace compcntr::c_api
 
 extern "C" {
 
@@ -92,16 +94,16 @@ const char* compcntr_version(void) { return compcntr::version().data(); }
 
 const char* compcntr_last_error_message(void) { return compcntr::last_error_message().data(); }
 
-}  // extern "C"
+} // extern "C"
 
 namespace {
 // The device object around an opened compcntr::device (open_device, open_shared_device).
 compcntr_device* wrap_device(compcntr::device&& dev) noexcept {
-  compcntr_device* d = nullptr;
+  device_obj* d = nullptr;
   try {
-    d = new compcntr_device{std::move(dev), {}};
+    d = new device_obj{std::move(dev), {}};
     d->name = d->dev.name();
-  } catch (...) {  // std::bad_alloc (the name is copied): nothing is left open
+  } catch (...) { // std::bad_alloc (the name is copied): nothing is left open
     if (d) {
       std::error_code ignored;
       d->dev.close(ignored);
@@ -109,13 +111,13 @@ compcntr_device* wrap_device(compcntr::device&& dev) noexcept {
     }
     return fail_null<compcntr_device>(compcntr::detail::fail(ENOMEM, "open_device: out of memory"));
   }
-  return d;
+  return pub(d);
 }
 
 // The owner name of the C objects compcntr_comp_cntr_resolve makes (destroy: EBUSY naming it).
 constexpr const char* resolved_ref_owner =
     "a reference from compcntr_comp_cntr_resolve (drop it with compcntr_comp_cntr_release)";
-}  // namespace
+} // namespace
 
 extern "C" {
 
@@ -147,7 +149,7 @@ struct compcntr_device* compcntr_open_shared_device(const char* name, uint32_t f
 int compcntr_sweep_shared_device(struct compcntr_device* dev, uint32_t* reclaimed) {
   if (!dev) return null_arg("sweep_shared_device", "dev");
   std::error_code ec;
-  const std::uint32_t n = dev->dev.sweep(ec);
+  const std::uint32_t n = impl(dev)->dev.sweep(ec);
   if (ec) return ec.value();
   if (reclaimed) *reclaimed = n;
   return 0;
@@ -168,14 +170,16 @@ struct compcntr_comp_cntr* compcntr_comp_cntr_resolve(struct compcntr_device* de
   if (!dev) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "comp_cntr_resolve: dev is NULL"));
   if (!id) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "comp_cntr_resolve: id is NULL"));
   std::error_code ec;
-  compcntr::counter_ref r = dev->dev.resolve(compcntr::counter_id{id->generation, id->index}, ec);
+  compcntr::counter_ref r =
+      impl(dev)->dev.resolve(compcntr::counter_id{id->generation, id->index}, ec);
   if (ec) {
     // A private device's "no such slot" (EINVAL in C++) is "never created" here (shared.h).
     if (ec.value() == EINVAL)
-      ec = fail(ENOENT,
-                "comp_cntr_resolve: counter id {index %u, generation %llu} names no "
-                "counter of device '%s' (never created)",
-                id->index, static_cast<unsigned long long>(id->generation), dev->name.c_str());
+      ec =
+          fail(ENOENT,
+               "comp_cntr_resolve: counter id {index %u, generation %llu} names no "
+               "counter of device '%s' (never created)",
+               id->index, static_cast<unsigned long long>(id->generation), impl(dev)->name.c_str());
     return fail_null<compcntr_comp_cntr>(ec);
   }
   const std::uint32_t code = owner_code(resolved_ref_owner);
@@ -202,16 +206,16 @@ int compcntr_comp_cntr_release(struct compcntr_comp_cntr* ref) {
                                   ref->handle)
         .value();
   compcntr::detail::unref_counter_slot(*c->cxx.native_slot());
-  ::operator delete(c);  // ~c_counter must not run: its reference is dropped above
+  ::operator delete(c); // ~c_counter must not run: its reference is dropped above
   return 0;
 }
 
 int compcntr_close_device(struct compcntr_device* dev) {
   if (!dev) return null_arg("close_device", "dev");
   std::error_code ec;
-  dev->dev.close(ec);
+  impl(dev)->dev.close(ec);
   if (ec) return ec.value();
-  delete dev;
+  delete impl(dev);
   return 0;
 }
 
@@ -220,14 +224,14 @@ const char* compcntr_device_name(const struct compcntr_device* dev) {
     compcntr::detail::fail(EINVAL, "device_name: dev is NULL");
     return nullptr;
   }
-  return dev->name.c_str();
+  return impl(dev)->name.c_str();
 }
 
 int compcntr_query_comp_cntr_caps(struct compcntr_device* dev,
                                   struct compcntr_comp_cntr_caps* caps) {
   if (!dev) return null_arg("query_comp_cntr_caps", "dev");
   if (!caps) return null_arg("query_comp_cntr_caps", "caps");
-  const compcntr::counter_caps c = dev->dev.caps();
+  const compcntr::counter_caps c = impl(dev)->dev.caps();
   caps->max_value = c.max_value;
   caps->max_counters = c.max_counters;
   caps->supported_qp_attach_ops = c.supported_qp_attach_ops;
@@ -261,7 +265,7 @@ struct compcntr_comp_cntr* compcntr_create_comp_cntr(struct compcntr_device* dev
   }
   if (attr->comp_mask & COMPCNTR_COMP_CNTR_INIT_ATTR_STRIPES) opts.stripes = attr->stripes;
   std::error_code ec;
-  compcntr::counter cxx = dev->dev.create_counter(opts, ec);
+  compcntr::counter cxx = impl(dev)->dev.create_counter(opts, ec);
   if (ec) return fail_null<compcntr_comp_cntr>(ec);
   c_counter* c = make_c_counter(dev, std::move(cxx));
   if (!c) return fail_null<compcntr_comp_cntr>(fail(ENOMEM, "create_comp_cntr: out of memory"));
@@ -361,4 +365,4 @@ int compcntr_comp_cntr_get_type(struct compcntr_comp_cntr* cc, enum compcntr_com
   return 0;
 }
 
-}  // extern "C"
+} // extern "C"

@@ -9,6 +9,7 @@
 // owner's and answers EBUSY, the counter staying usable. compcntr_credits_destroy drops the
 // refs and destroys the counters (reset(): one still attached to a live QP lives on until that
 // QP goes).
+module;
 #include <compcntr/compcntr.h>
 
 #include <algorithm>
@@ -18,22 +19,26 @@
 #include <memory>
 #include <new>
 #include <system_error>
+#include <atomic>
+#include <cstddef>
+#include <string>
+#include <type_traits>
 
-import compcntr;
+module compcntr;
 
-#include "internal.hpp"
+import :c_api;
 
 using namespace compcntr::c_api;
 using compcntr::detail::fail;
 
-struct compcntr_credits {
+struct credits_obj {
   compcntr::credit_tracker cxx; // emptied first by the destructor: it stops using the counters
   std::uint32_t npeers = 0;
   std::unique_ptr<c_counter*[]> counters; // one per peer; owned unless adopted
   std::unique_ptr<compcntr::counter_ref[]> pins; // keep destroy_comp_cntr EBUSY
   bool owns = true; // false: adopted, the caller's counters
 
-  ~compcntr_credits() {
+  ~credits_obj() {
     cxx = compcntr::credit_tracker{}; // stops using the counters first
     for (std::uint32_t i = 0; i < npeers; ++i) {
       if (pins) pins[i].reset();
@@ -42,6 +47,13 @@ struct compcntr_credits {
     }
   }
 };
+inline credits_obj* impl(compcntr_credits* p) noexcept { return reinterpret_cast<credits_obj*>(p); }
+inline const credits_obj* impl(const compcntr_credits* p) noexcept {
+  return reinterpret_cast<const credits_obj*>(p);
+}
+inline compcntr_credits* pub(credits_obj* p) noexcept {
+  return reinterpret_cast<compcntr_credits*>(p);
+}
 
 namespace {
 
@@ -52,7 +64,7 @@ int acquire_impl(const char* call, compcntr_credits* cr, std::uint32_t peer, std
   if (!cr) return bad_cr(call);
   compcntr::wait_options o;
   if (const int err = wait_attr_options(call, attr, o)) return err;
-  return static_cast<int>(cr->cxx.acquire(peer, n, std::chrono::milliseconds(timeout_ms), o));
+  return static_cast<int>(impl(cr)->cxx.acquire(peer, n, std::chrono::milliseconds(timeout_ms), o));
 }
 
 int flush_impl(const char* call, compcntr_credits* cr, std::uint32_t peer, int timeout_ms,
@@ -60,60 +72,62 @@ int flush_impl(const char* call, compcntr_credits* cr, std::uint32_t peer, int t
   if (!cr) return bad_cr(call);
   compcntr::wait_options o;
   if (const int err = wait_attr_options(call, attr, o)) return err;
-  return static_cast<int>(cr->cxx.flush(peer, std::chrono::milliseconds(timeout_ms), o));
+  return static_cast<int>(impl(cr)->cxx.flush(peer, std::chrono::milliseconds(timeout_ms), o));
 }
 
 int peer_range(const char* call, const compcntr_credits* cr, std::uint32_t peer) noexcept {
-  return fail(EINVAL, "%s: peer %u out of range (%u peers)", call, peer, cr->npeers).value();
+  return fail(EINVAL, "%s: peer %u out of range (%u peers)", call, peer, impl(cr)->npeers).value();
 }
 
 // create and create_per_peer: windows == nullptr means credits_per_peer for every peer.
 compcntr_credits* create_impl(compcntr_device* dev, std::uint32_t npeers,
                               std::uint64_t credits_per_peer, const std::uint64_t* windows) {
-  std::unique_ptr<compcntr_credits> cr(new (std::nothrow) compcntr_credits{});
-  if (!cr) return fail_null<compcntr_credits>(fail(ENOMEM, "credits_create: out of memory"));
+  std::unique_ptr<credits_obj> obj(new (std::nothrow) credits_obj{});
+  if (!obj) return fail_null<compcntr_credits>(fail(ENOMEM, "credits_create: out of memory"));
   std::error_code ec;
-  if ((windows == nullptr ? compcntr::detail::check_credit_shape("credits_create", dev->dev, npeers,
-                                                                 credits_per_peer, ec)
-                          : compcntr::detail::check_credit_windows("credits_create", dev->dev,
+  if ((windows == nullptr ? compcntr::detail::check_credit_shape("credits_create", impl(dev)->dev,
+                                                                 npeers, credits_per_peer, ec)
+                          : compcntr::detail::check_credit_windows("credits_create", impl(dev)->dev,
                                                                    {windows, npeers}, ec)) == 0)
     return fail_null<compcntr_credits>(ec);
-  const compcntr::counter_caps caps = dev->dev.caps();
+  const compcntr::counter_caps caps = impl(dev)->dev.caps();
   const std::uint32_t room =
-      caps.max_counters - std::min(caps.max_counters, dev->dev.live_counters());
+      caps.max_counters - std::min(caps.max_counters, impl(dev)->dev.live_counters());
   if (npeers > room)
     return fail_null<compcntr_credits>(fail(ENOMEM,
                                             "credits_create: %u peers need %u counters, "
                                             "the device has room for %u more",
                                             npeers, npeers, room));
-  cr->counters.reset(new (std::nothrow) c_counter*[npeers]());
-  cr->pins.reset(new (std::nothrow) compcntr::counter_ref[npeers]);
+  obj->counters.reset(new (std::nothrow) c_counter*[npeers]());
+  obj->pins.reset(new (std::nothrow) compcntr::counter_ref[npeers]);
   std::unique_ptr<compcntr::counter*[]> cxx(new (std::nothrow) compcntr::counter*[npeers]);
-  if (!cr->counters || !cr->pins || !cxx)
+  if (!obj->counters || !obj->pins || !cxx)
     return fail_null<compcntr_credits>(
         fail(ENOMEM, "credits_create: out of memory for %u peers", npeers));
-  cr->npeers = npeers; // from here on the destructor cleans up whatever exists
+  obj->npeers = npeers; // from here on the destructor cleans up whatever exists
   // Undoes everything before setting errno (a destructor must not clobber it).
   auto undo = [&](std::error_code e) {
-    cr.reset();
+    obj.reset();
     return fail_null<compcntr_credits>(e);
   };
   for (std::uint32_t i = 0; i < npeers; ++i) {
-    compcntr::counter cxx_counter = dev->dev.create_counter(compcntr::counter_type::wrs, ec);
+    compcntr::counter cxx_counter = impl(dev)->dev.create_counter(compcntr::counter_type::wrs, ec);
     if (ec) return undo(ec);
     c_counter* c = make_c_counter(dev, std::move(cxx_counter));
     if (!c) return undo(fail(ENOMEM, "credits_create: out of memory"));
-    cr->counters[i] = c;
-    cr->pins[i] = dev->dev.resolve(c->cxx.id(), ec);
+    obj->counters[i] = c;
+    obj->pins[i] = impl(dev)->dev.resolve(c->cxx.id(), ec);
     if (ec) return undo(ec);
     cxx[i] = &c->cxx;
   }
   if (windows == nullptr)
-    cr->cxx = compcntr::credit_tracker::adopt(dev->dev, {cxx.get(), npeers}, credits_per_peer, ec);
+    obj->cxx =
+        compcntr::credit_tracker::adopt(impl(dev)->dev, {cxx.get(), npeers}, credits_per_peer, ec);
   else
-    cr->cxx = compcntr::credit_tracker::adopt(dev->dev, {cxx.get(), npeers}, {windows, npeers}, ec);
+    obj->cxx =
+        compcntr::credit_tracker::adopt(impl(dev)->dev, {cxx.get(), npeers}, {windows, npeers}, ec);
   if (ec) return undo(ec);
-  return cr.release();
+  return pub(obj.release());
 }
 
 // One of issued/completed/window for peer.
@@ -122,8 +136,8 @@ int peer_count(const char* call, compcntr_credits* cr, std::uint32_t peer, std::
                const char* what, F get) noexcept {
   if (!cr) return bad_cr(call);
   if (!out) return null_arg(call, what);
-  if (peer >= cr->npeers) return peer_range(call, cr, peer);
-  *out = get(cr->cxx, peer);
+  if (peer >= impl(cr)->npeers) return peer_range(call, cr, peer);
+  *out = get(impl(cr)->cxx, peer);
   return 0;
 }
 
@@ -154,7 +168,8 @@ struct compcntr_credits* compcntr_credits_adopt(struct compcntr_device* dev,
   if (!ccs) return fail_null<compcntr_credits>(fail(EINVAL, "credits_adopt: ccs is NULL"));
   if (!windows) return fail_null<compcntr_credits>(fail(EINVAL, "credits_adopt: windows is NULL"));
   std::error_code ec;
-  if (compcntr::detail::check_credit_windows("credits_adopt", dev->dev, {windows, npeers}, ec) == 0)
+  if (compcntr::detail::check_credit_windows("credits_adopt", impl(dev)->dev, {windows, npeers},
+                                             ec) == 0)
     return fail_null<compcntr_credits>(ec);
   for (std::uint32_t i = 0; i < npeers; ++i) {
     if (!ccs[i])
@@ -163,33 +178,34 @@ struct compcntr_credits* compcntr_credits_adopt(struct compcntr_device* dev,
       return fail_null<compcntr_credits>(
           fail(EINVAL, "credits_adopt: ccs[%u] belongs to another device", i));
   }
-  std::unique_ptr<compcntr_credits> cr(new (std::nothrow) compcntr_credits{});
-  if (!cr) return fail_null<compcntr_credits>(fail(ENOMEM, "credits_adopt: out of memory"));
-  cr->owns = false;
-  cr->counters.reset(new (std::nothrow) c_counter*[npeers]());
-  cr->pins.reset(new (std::nothrow) compcntr::counter_ref[npeers]);
+  std::unique_ptr<credits_obj> obj(new (std::nothrow) credits_obj{});
+  if (!obj) return fail_null<compcntr_credits>(fail(ENOMEM, "credits_adopt: out of memory"));
+  obj->owns = false;
+  obj->counters.reset(new (std::nothrow) c_counter*[npeers]());
+  obj->pins.reset(new (std::nothrow) compcntr::counter_ref[npeers]);
   std::unique_ptr<compcntr::counter*[]> cxx(new (std::nothrow) compcntr::counter*[npeers]);
-  if (!cr->counters || !cr->pins || !cxx)
+  if (!obj->counters || !obj->pins || !cxx)
     return fail_null<compcntr_credits>(
         fail(ENOMEM, "credits_adopt: out of memory for %u peers", npeers));
-  cr->npeers = npeers;
+  obj->npeers = npeers;
   auto undo = [&](std::error_code e) {
-    cr.reset(); // drops the references taken so far; the counters stay the caller's
+    obj.reset(); // drops the references taken so far; the counters stay the caller's
     return fail_null<compcntr_credits>(e);
   };
   for (std::uint32_t i = 0; i < npeers; ++i) {
     c_counter* c = impl(ccs[i]);
-    cr->counters[i] = c;
+    obj->counters[i] = c;
     cxx[i] = &c->cxx;
   }
   // Type checks (BYTES) before any reference is taken: a refused adopt holds nothing.
-  cr->cxx = compcntr::credit_tracker::adopt(dev->dev, {cxx.get(), npeers}, {windows, npeers}, ec);
+  obj->cxx =
+      compcntr::credit_tracker::adopt(impl(dev)->dev, {cxx.get(), npeers}, {windows, npeers}, ec);
   if (ec) return undo(ec);
   for (std::uint32_t i = 0; i < npeers; ++i) {
-    cr->pins[i] = dev->dev.resolve(cr->counters[i]->cxx.id(), ec);
+    obj->pins[i] = impl(dev)->dev.resolve(obj->counters[i]->cxx.id(), ec);
     if (ec) return undo(ec);
   }
-  return cr.release();
+  return pub(obj.release());
 }
 
 int compcntr_credits_issued(struct compcntr_credits* cr, uint32_t peer, uint64_t* issued) {
@@ -220,7 +236,7 @@ int compcntr_credits_acquire_ex(struct compcntr_credits* cr, uint32_t peer, uint
 
 int compcntr_credits_release(struct compcntr_credits* cr, uint32_t peer, uint64_t n) {
   if (!cr) return bad_cr("credits_release");
-  return static_cast<int>(cr->cxx.release(peer, n));
+  return static_cast<int>(impl(cr)->cxx.release(peer, n));
 }
 
 int compcntr_credits_flush(struct compcntr_credits* cr, uint32_t peer, int timeout_ms) {
@@ -236,20 +252,20 @@ int compcntr_credits_outstanding(struct compcntr_credits* cr, uint32_t peer,
                                  uint64_t* outstanding) {
   if (!cr) return bad_cr("credits_outstanding");
   if (!outstanding) return null_arg("credits_outstanding", "outstanding");
-  return static_cast<int>(cr->cxx.outstanding(peer, *outstanding));
+  return static_cast<int>(impl(cr)->cxx.outstanding(peer, *outstanding));
 }
 
 struct compcntr_comp_cntr* compcntr_credits_counter(struct compcntr_credits* cr, uint32_t peer) {
   if (!cr) return fail_null<compcntr_comp_cntr>(fail(EINVAL, "credits_counter: cr is NULL"));
-  if (peer >= cr->npeers)
+  if (peer >= impl(cr)->npeers)
     return fail_null<compcntr_comp_cntr>(
         std::error_code(peer_range("credits_counter", cr, peer), std::generic_category()));
-  return pub(cr->counters[peer]);
+  return pub(impl(cr)->counters[peer]);
 }
 
 int compcntr_credits_destroy(struct compcntr_credits* cr) {
   if (!cr) return bad_cr("credits_destroy");
-  delete cr;
+  delete impl(cr);
   return 0;
 }
 

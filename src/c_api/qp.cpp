@@ -1,5 +1,6 @@
 // The C API of QPs, memory registration, posting and progress (include/compcntr/qp.h): NULL
-// checks and errno mapping over `import compcntr;`.
+// checks and errno mapping in the module (a unit of module compcntr).
+module;
 #include <compcntr/compcntr.h>
 
 #include <cerrno>
@@ -11,10 +12,12 @@
 #include <system_error>
 #include <type_traits>
 #include <utility>
+#include <atomic>
+#include <chrono>
 
-import compcntr;
+module compcntr;
 
-#include "internal.hpp"
+import :c_api;
 
 using namespace compcntr::c_api;
 using compcntr::detail::fail;
@@ -58,20 +61,20 @@ extern "C" {
 
 struct compcntr_qp* compcntr_create_qp(struct compcntr_device* dev) {
   if (!dev) return fail_null<compcntr_qp>(fail(EINVAL, "create_qp: dev is NULL"));
-  auto* q = new (std::nothrow) compcntr_qp{};
+  auto* q = new (std::nothrow) qp_obj{};
   if (!q) return fail_null<compcntr_qp>(fail(ENOMEM, "create_qp: out of memory"));
   std::error_code ec;
-  q->cxx = dev->dev.create_qp(ec);
+  q->cxx = impl(dev)->dev.create_qp(ec);
   if (ec) {
     delete q;
     return fail_null<compcntr_qp>(ec);
   }
-  return q;
+  return pub(q);
 }
 
 int compcntr_destroy_qp(struct compcntr_qp* qp) {
   if (!qp) return null_arg("destroy_qp", "qp");
-  delete qp;
+  delete impl(qp);
   return 0;
 }
 
@@ -83,7 +86,7 @@ int compcntr_modify_qp(struct compcntr_qp* qp, enum compcntr_qp_state state) {
   std::memcpy(&raw, &state, sizeof raw);
   if (raw > COMPCNTR_QPS_ERR) return fail(EINVAL, "modify_qp: unknown state %u", raw).value();
   std::error_code ec;
-  qp->cxx.modify(static_cast<compcntr::qp_state>(raw), ec);
+  impl(qp)->cxx.modify(static_cast<compcntr::qp_state>(raw), ec);
   return result(ec);
 }
 
@@ -91,7 +94,7 @@ int compcntr_connect_qp(struct compcntr_qp* qp, struct compcntr_qp* peer) {
   if (!qp) return null_arg("connect_qp", "qp");
   if (!peer) return null_arg("connect_qp", "peer");
   std::error_code ec;
-  qp->cxx.connect(peer->cxx, ec);
+  impl(qp)->cxx.connect(impl(peer)->cxx, ec);
   return result(ec);
 }
 
@@ -100,7 +103,7 @@ enum compcntr_qp_state compcntr_qp_state(const struct compcntr_qp* qp) {
     errno = null_arg("qp_state", "qp");
     return COMPCNTR_QPS_ERR;
   }
-  return static_cast<enum compcntr_qp_state>(qp->cxx.state());
+  return static_cast<enum compcntr_qp_state>(impl(qp)->cxx.state());
 }
 
 int compcntr_qp_attach_comp_cntr(struct compcntr_qp* qp, struct compcntr_comp_cntr* cc,
@@ -109,7 +112,7 @@ int compcntr_qp_attach_comp_cntr(struct compcntr_qp* qp, struct compcntr_comp_cn
   if (!cc) return null_arg("qp_attach_comp_cntr", "cc");
   if (!attr) return null_arg("qp_attach_comp_cntr", "attr");
   std::error_code ec;
-  qp->cxx.attach(impl(cc)->cxx, compcntr::attach_options{attr->comp_mask, attr->op_mask}, ec);
+  impl(qp)->cxx.attach(impl(cc)->cxx, compcntr::attach_options{attr->comp_mask, attr->op_mask}, ec);
   return result(ec);
 }
 
@@ -122,7 +125,7 @@ struct compcntr_mr* compcntr_reg_mr(struct compcntr_device* dev, void* addr, siz
   auto* m = new (std::nothrow) c_mr{};
   if (!m) return fail_null<compcntr_mr>(fail(ENOMEM, "reg_mr: out of memory"));
   std::error_code ec;
-  m->cxx = dev->dev.reg_mr(addr, length, static_cast<uint32_t>(access), ec);
+  m->cxx = impl(dev)->dev.reg_mr(addr, length, static_cast<uint32_t>(access), ec);
   if (ec) {
     delete m;
     return fail_null<compcntr_mr>(ec);
@@ -144,7 +147,7 @@ int compcntr_post_recv(struct compcntr_qp* qp, uint64_t wr_id, void* addr, size_
                        uint32_t lkey) {
   if (!qp) return null_arg("post_recv", "qp");
   std::error_code ec;
-  qp->cxx.post_recv(wr_id, addr, len, lkey, ec);
+  impl(qp)->cxx.post_recv(wr_id, addr, len, lkey, ec);
   return result(ec);
 }
 
@@ -152,7 +155,7 @@ int compcntr_post_send(struct compcntr_qp* qp, uint64_t wr_id, const void* addr,
                        uint32_t lkey) {
   if (!qp) return null_arg("post_send", "qp");
   std::error_code ec;
-  qp->cxx.post_send(wr_id, addr, len, lkey, ec);
+  impl(qp)->cxx.post_send(wr_id, addr, len, lkey, ec);
   return result(ec);
 }
 
@@ -160,7 +163,7 @@ int compcntr_post_rdma_write(struct compcntr_qp* qp, uint64_t wr_id, const void*
                              uint32_t lkey, uint64_t remote_addr, uint32_t rkey) {
   if (!qp) return null_arg("post_rdma_write", "qp");
   std::error_code ec;
-  qp->cxx.post_rdma_write(wr_id, addr, len, lkey, remote_addr, rkey, ec);
+  impl(qp)->cxx.post_rdma_write(wr_id, addr, len, lkey, remote_addr, rkey, ec);
   return result(ec);
 }
 
@@ -168,13 +171,13 @@ int compcntr_post_rdma_read(struct compcntr_qp* qp, uint64_t wr_id, void* addr, 
                             uint32_t lkey, uint64_t remote_addr, uint32_t rkey) {
   if (!qp) return null_arg("post_rdma_read", "qp");
   std::error_code ec;
-  qp->cxx.post_rdma_read(wr_id, addr, len, lkey, remote_addr, rkey, ec);
+  impl(qp)->cxx.post_rdma_read(wr_id, addr, len, lkey, remote_addr, rkey, ec);
   return result(ec);
 }
 
 int compcntr_progress(struct compcntr_device* dev, size_t* completions) {
   if (!dev) return null_arg("progress", "dev");
-  const std::size_t n = dev->dev.progress();
+  const std::size_t n = impl(dev)->dev.progress();
   if (completions) *completions = n;
   return 0;
 }

@@ -2,6 +2,7 @@
 //
 // The C++ tracker holds a counter_ref on the caller's counter, so compcntr_destroy_comp_cntr on
 // it is EBUSY while the tracker lives (the counter stays usable), as for a credit tracker.
+module;
 #include <compcntr/compcntr.h>
 
 #include <cerrno>
@@ -9,17 +10,26 @@
 #include <cstdint>
 #include <new>
 #include <system_error>
+#include <atomic>
+#include <cstddef>
+#include <string>
+#include <type_traits>
 
-import compcntr;
+module compcntr;
 
-#include "internal.hpp"
+import :c_api;
 
 using namespace compcntr::c_api;
 using compcntr::detail::fail;
 
-struct compcntr_tracker {
+/// struct compcntr_tracker.
+struct tracker_obj {
   compcntr::completion_tracker cxx;
 };
+inline tracker_obj* impl(compcntr_tracker* t) noexcept { return reinterpret_cast<tracker_obj*>(t); }
+inline const tracker_obj* impl(const compcntr_tracker* t) noexcept {
+  return reinterpret_cast<const tracker_obj*>(t);
+}
 
 namespace {
 
@@ -28,7 +38,7 @@ int quiet_impl(const char* call, compcntr_tracker* t, int timeout_ms,
   if (!t) return null_arg(call, "t");
   compcntr::wait_options o;
   if (const int err = wait_attr_options(call, attr, o)) return err;
-  return static_cast<int>(t->cxx.quiet(std::chrono::milliseconds(timeout_ms), o));
+  return static_cast<int>(impl(t)->cxx.quiet(std::chrono::milliseconds(timeout_ms), o));
 }
 
 }  // namespace
@@ -41,21 +51,21 @@ struct compcntr_tracker* compcntr_tracker_create(struct compcntr_comp_cntr* comp
   if (!completions->context)
     return fail_null<compcntr_tracker>(
         fail(EINVAL, "tracker_create: the counter has no device (context is NULL)"));
-  auto* t = new (std::nothrow) compcntr_tracker{};
-  if (!t) return fail_null<compcntr_tracker>(fail(ENOMEM, "tracker_create: out of memory"));
+  auto* obj = new (std::nothrow) tracker_obj{};
+  if (!obj) return fail_null<compcntr_tracker>(fail(ENOMEM, "tracker_create: out of memory"));
   std::error_code ec;
-  t->cxx =
-      compcntr::completion_tracker::create(completions->context->dev, impl(completions)->cxx, ec);
+  obj->cxx = compcntr::completion_tracker::create(impl(completions->context)->dev,
+                                                  impl(completions)->cxx, ec);
   if (ec) {
-    delete t;
+    delete obj;
     return fail_null<compcntr_tracker>(ec);
   }
-  return t;
+  return reinterpret_cast<compcntr_tracker*>(obj);
 }
 
 int compcntr_tracker_issue(struct compcntr_tracker* t, uint64_t n) {
   if (!t) return null_arg("tracker_issue", "t");
-  return static_cast<int>(t->cxx.issue(n));
+  return static_cast<int>(impl(t)->cxx.issue(n));
 }
 
 uint64_t compcntr_tracker_issued(const struct compcntr_tracker* t) {
@@ -63,7 +73,7 @@ uint64_t compcntr_tracker_issued(const struct compcntr_tracker* t) {
     errno = null_arg("tracker_issued", "t");
     return 0;
   }
-  return t->cxx.issued();
+  return impl(t)->cxx.issued();
 }
 
 uint64_t compcntr_tracker_completed(const struct compcntr_tracker* t) {
@@ -71,7 +81,7 @@ uint64_t compcntr_tracker_completed(const struct compcntr_tracker* t) {
     errno = null_arg("tracker_completed", "t");
     return 0;
   }
-  return t->cxx.completed();
+  return impl(t)->cxx.completed();
 }
 
 int compcntr_tracker_quiet(struct compcntr_tracker* t, int timeout_ms) {
@@ -85,7 +95,7 @@ int compcntr_tracker_quiet_ex(struct compcntr_tracker* t, int timeout_ms,
 
 int compcntr_tracker_destroy(struct compcntr_tracker* t) {
   if (!t) return null_arg("tracker_destroy", "t");
-  delete t;
+  delete impl(t);
   return 0;
 }
 

@@ -2,15 +2,21 @@
 //
 // struct compcntr_trigger is the library's trigger node itself (no wrapper): the handle is the
 // node, valid from arm until compcntr_trigger_destroy.
+module;
 #include <compcntr/compcntr.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <system_error>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <type_traits>
 
-import compcntr;
+module compcntr;
 
-#include "internal.hpp"
+import :c_api;
 
 using namespace compcntr::c_api;
 using compcntr::detail::fail;
@@ -97,17 +103,17 @@ int compcntr_trigger_flush(struct compcntr_comp_cntr* cc) {
 
 int compcntr_trigger_progress(struct compcntr_device* dev) {
   if (!dev) return -null_arg("trigger_progress", "dev");
-  return static_cast<int>(compcntr::detail::run_device_triggers(*dev->dev.core()));
+  return static_cast<int>(compcntr::detail::run_device_triggers(*impl(dev)->dev.core()));
 }
 
 int compcntr_trigger_service_start(struct compcntr_device* dev) {
   if (!dev) return null_arg("trigger_service_start", "dev");
-  return compcntr::detail::start_trigger_service(*dev->dev.core()).value();
+  return compcntr::detail::start_trigger_service(*impl(dev)->dev.core()).value();
 }
 
 int compcntr_trigger_service_stop(struct compcntr_device* dev) {
   if (!dev) return null_arg("trigger_service_stop", "dev");
-  return compcntr::detail::stop_trigger_service(*dev->dev.core()).value();
+  return compcntr::detail::stop_trigger_service(*impl(dev)->dev.core()).value();
 }
 
 }  // extern "C"

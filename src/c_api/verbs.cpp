@@ -1,4 +1,5 @@
 // The C API of wrapped verbs QPs (include/compcntr/verbs.h).
+module;
 #include <compcntr/compcntr.h>
 
 #include <cerrno>
@@ -8,10 +9,12 @@
 #include <string>
 #include <system_error>
 #include <type_traits>
+#include <atomic>
+#include <chrono>
 
-import compcntr;
+module compcntr;
 
-#include "internal.hpp"
+import :c_api;
 
 using namespace compcntr::c_api;
 using compcntr::detail::fail;
@@ -29,15 +32,15 @@ struct compcntr_qp* compcntr_wrap_ibv_qp(struct compcntr_device* dev, struct ibv
   opts.recv_cq = attr->recv_cq;
   opts.wr_info = attr->wr_info;
   opts.wr_info_ctx = attr->wr_info_ctx;
-  auto* q = new (std::nothrow) compcntr_qp{};
+  auto* q = new (std::nothrow) qp_obj{};
   if (!q) return fail_null<compcntr_qp>(fail(ENOMEM, "wrap_verbs_qp: out of memory"));
   std::error_code ec;
-  q->cxx = dev->dev.wrap_verbs_qp(vqp, opts, ec);
+  q->cxx = impl(dev)->dev.wrap_verbs_qp(vqp, opts, ec);
   if (ec) {
     delete q;
     return fail_null<compcntr_qp>(ec);
   }
-  return q;
+  return pub(q);
 }
 
 }  // extern "C"

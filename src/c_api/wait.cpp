@@ -1,4 +1,5 @@
 // The C API of the polling helpers (include/compcntr/wait.h) over compcntr:wait.
+module;
 #include <compcntr/compcntr.h>
 
 #include <cerrno>
@@ -6,10 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <system_error>
+#include <atomic>
+#include <string>
+#include <type_traits>
 
-import compcntr;
+module compcntr;
 
-#include "internal.hpp"
+import :c_api;
 
 using namespace compcntr::c_api;
 

@@ -11,7 +11,9 @@ module;
 #include <system_error>
 module compcntr;
 
-namespace compcntr::detail {
+namespace compcntr::plugin {
+
+using detail::fail;
 
 std::error_code backend::check_type(counter_type type) const noexcept {
   if (type == counter_type::wrs || type == counter_type::bytes) return {};
@@ -31,6 +33,10 @@ void backend::query_values(std::span<slot* const> slots, counter_values* out) no
     out[i] = counter_values{s.load_value(), s.load_errors()};
   }
 }
+
+} // namespace compcntr::plugin
+
+namespace compcntr::detail {
 
 std::error_code max_counters_from_env(std::uint32_t& out) noexcept {
   const char* env = std::getenv("COMPCNTR_MAX_COUNTERS");

@@ -5,7 +5,10 @@ module;
 #include "core/wait/futex.hpp"
 module compcntr;
 
-namespace compcntr::detail {
+// slot is compcntr::plugin's (the backend interface); everything it calls is compcntr::detail's.
+namespace compcntr::plugin {
+
+using namespace compcntr::detail;
 
 void slot::notify_slow() noexcept {
   const std::uint32_t w = watch.load(std::memory_order_seq_cst);
@@ -31,4 +34,4 @@ void slot::kick() noexcept {
   if ((w & watch_pollers) != 0) notify_ext(*this, watch_pollers);
 }
 
-} // namespace compcntr::detail
+}  // namespace compcntr::plugin

@@ -238,7 +238,7 @@ TEST_CASE("C fast paths: the C counter lives in its slot (<= 128 B per counter),
       CHECK(cc->context == d.dev);
       CHECK(read(cc) == 0);  // a recycled slot starts at 0
       CHECK(read_err(cc) == 0);
-      if (!asan) CHECK(cfp_offset_in_slot(cc) == offsetof(compcntr::detail::slot, c_api));
+      if (!asan) CHECK(cfp_offset_in_slot(cc) == offsetof(compcntr::plugin::slot, c_api));
       REQUIRE(cfp_inc(cc, static_cast<std::uint64_t>(round) + 1) == 0);
       REQUIRE(cfp_inc_err(cc, 1) == 0);
     }

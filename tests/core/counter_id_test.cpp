@@ -1,5 +1,6 @@
 // Counter ids (compcntr::counter_id, device::resolve, compcntr:counter_ref): ESTALE after destroy
 // even once the slot is reused, a counter_ref outliving its owner, and the races of resolve.
+module;
 #include <doctest/doctest.h>
 
 #include <compcntr/compcntr.h>
@@ -18,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-import compcntr;
+module compcntr;  // a white-box test: a unit of the module (it reads compcntr::detail)
 
 #include "support.hpp"
 

@@ -1,4 +1,5 @@
 // The C++ API of counters and devices (import compcntr;).
+module;
 #include <doctest/doctest.h>
 
 #include "compcntr_config.h"
@@ -17,7 +18,7 @@
 #include <infiniband/verbs.h>
 #endif
 
-import compcntr;
+module compcntr;  // a white-box test: a unit of the module (it reads compcntr::detail)
 
 #include "support.hpp"
 
@@ -264,22 +265,22 @@ TEST_CASE("moving a counter transfers ownership") {
 }
 
 TEST_CASE("slot layout: one 128-byte block, hot values on the first line") {
-  CHECK(sizeof(compcntr::detail::slot) == 128);
-  CHECK(alignof(compcntr::detail::slot) == 128);
+  CHECK(sizeof(compcntr::plugin::slot) == 128);
+  CHECK(alignof(compcntr::plugin::slot) == 128);
   CHECK(compcntr::false_sharing_range == 128);
 }
 
 namespace {
 // A backend whose bind_counter can fail, and can play a stale-handle resolver's reference CAS
 // (resolve_counter_slot step 2) at the moment the new counter is being bound.
-struct flaky_backend final : compcntr::detail::backend {
+struct flaky_backend final : compcntr::plugin::backend {
   bool fail_bind = false;
-  compcntr::detail::slot* resolver_target = nullptr;  // take a resolver reference on this slot
+  compcntr::plugin::slot* resolver_target = nullptr;  // take a resolver reference on this slot
   std::string_view name() const noexcept override { return "flaky"; }
   compcntr::counter_caps caps() const noexcept override {
     return {.max_value = UINT64_MAX, .max_counters = 0, .supported_qp_attach_ops = 0};
   }
-  std::error_code bind_counter(compcntr::detail::slot& s) noexcept override {
+  std::error_code bind_counter(compcntr::plugin::slot& s) noexcept override {
     if (!fail_bind) return {};
     std::uint32_t r = s.refs.load();
     if (&s == resolver_target && r == 1) s.refs.compare_exchange_strong(r, r + 1);
@@ -324,7 +325,7 @@ TEST_CASE("a failed bind with a stale resolver's reference never frees the slot'
   auto c1 = dev.create_counter(compcntr::counter_type::wrs, ec);
   REQUIRE(!ec);
   const compcntr::counter_id h = c1.id();
-  compcntr::detail::slot* s = c1.native_slot();
+  compcntr::plugin::slot* s = c1.native_slot();
   REQUIRE(s->generation.load() == h.generation);  // resolver step 1
   c1.reset();
   fb->fail_bind = true;

@@ -1,5 +1,6 @@
 // compcntr::poll_any and pollable fds (import compcntr;): index correctness, fairness, EINVAL,
 // error wake-ups, sleeping on many counters, a poll ping-pong, and fd readiness through epoll.
+module;
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -18,7 +19,7 @@
 
 #include "wait_util.hpp"
 
-import compcntr;
+module compcntr;  // a white-box test: a unit of the module (it reads compcntr::detail)
 
 #include "support.hpp"
 

@@ -1,5 +1,6 @@
 // The NUMA-aware slot pool (compcntr:pool): placement on synthetic, XML and real topologies, a
 // thread bound to a node, and the C API's NUMA comp_mask bit / compcntr_comp_cntr_numa_node.
+module;
 #include <doctest/doctest.h>
 
 #include <compcntr/compcntr.h>
@@ -20,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-import compcntr;
+module compcntr;  // a white-box test: a unit of the module (it reads compcntr::detail)
 
 #include "support.hpp"
 

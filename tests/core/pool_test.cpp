@@ -1,5 +1,6 @@
 // The slot pool (compcntr:pool): exact capacity, arena growth and failure, borrowing across
 // nodes, and stress on the pool and on a device's create/destroy path.
+module;
 #include <doctest/doctest.h>
 
 #include <compcntr/compcntr.h>
@@ -18,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-import compcntr;
+module compcntr;  // a white-box test: a unit of the module (it reads compcntr::detail)
 
 #include "support.hpp"
 

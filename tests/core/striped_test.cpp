@@ -167,7 +167,7 @@ TEST_CASE("striped: exact at quiescence under many updating threads (stress)") {
   if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) >= 2 &&
       c.stripes() >= 2) {
     int used = 0;
-    const compcntr::detail::slot& s = *c.native_slot();
+    const compcntr::plugin::slot& s = *c.native_slot();
     for (std::uint32_t i = 0; i <= s.stripe_mask(); ++i)
       used += s.stripe_array()[i].value.load() != 0;
     CHECK(used >= 2);

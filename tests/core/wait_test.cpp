@@ -1,6 +1,7 @@
 // compcntr::wait and compcntr::backoff (import compcntr;): results, timing bounds, wake-ups
 // from other threads, error wake-ups, progress hooks, hardware refresh, idle CPU, and a
 // 100,000-round ping-pong that fails on any lost wake-up.
+module;
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -13,7 +14,7 @@
 
 #include "wait_util.hpp"
 
-import compcntr;
+module compcntr;  // a white-box test: a unit of the module (it reads compcntr::detail)
 
 #include "support.hpp"
 
@@ -261,23 +262,23 @@ namespace {
 // slot (the mirror) without notify(), as a device that is only polled would.
 std::atomic<std::uint64_t> hw_value{0}, hw_errors{0};
 std::atomic<int> hw_refreshes{0};
-void hw_add(compcntr::detail::slot&, std::uint64_t n) noexcept { hw_value += n; }
-void hw_add_error(compcntr::detail::slot&, std::uint64_t n) noexcept { hw_errors += n; }
-void hw_set(compcntr::detail::slot&, std::uint64_t v) noexcept { hw_value = v; }
-void hw_set_error(compcntr::detail::slot&, std::uint64_t v) noexcept { hw_errors = v; }
-void hw_refresh(compcntr::detail::slot& s) noexcept {
+void hw_add(compcntr::plugin::slot&, std::uint64_t n) noexcept { hw_value += n; }
+void hw_add_error(compcntr::plugin::slot&, std::uint64_t n) noexcept { hw_errors += n; }
+void hw_set(compcntr::plugin::slot&, std::uint64_t v) noexcept { hw_value = v; }
+void hw_set_error(compcntr::plugin::slot&, std::uint64_t v) noexcept { hw_errors = v; }
+void hw_refresh(compcntr::plugin::slot& s) noexcept {
   ++hw_refreshes;
   s.value.store(hw_value.load());
   s.errors.store(hw_errors.load());
 }
-constexpr compcntr::detail::hw_counter_ops fake_hw{hw_add, hw_add_error, hw_set, hw_set_error,
+constexpr compcntr::plugin::hw_counter_ops fake_hw{hw_add, hw_add_error, hw_set, hw_set_error,
                                                    hw_refresh};
 }  // namespace
 
 TEST_CASE("wait: hardware-backed counters are refreshed while waiting, even when asleep") {
   auto dev = open_soft();
   auto c = make_counter(dev);
-  compcntr::detail::slot& s = *c.native_slot();
+  compcntr::plugin::slot& s = *c.native_slot();
   s.hw = &fake_hw;
   hw_errors = 4;  // before the wait, not yet in the mirror: must not count as "during"
   CHECK(compcntr::wait(c, 1, 0ms) == std::errc::timed_out);

@@ -162,7 +162,7 @@ TEST_CASE("RAII counter destroyed while attached: the QP keeps counting into it 
   auto dev = open_soft();
   auto a = make_qp(dev), b = make_qp(dev);
   auto watch = make_counter(dev);
-  compcntr::detail::slot* orphan = nullptr;
+  compcntr::plugin::slot* orphan = nullptr;
   {
     auto c = make_counter(dev);
     attach(a, c, static_cast<std::uint32_t>(attach_op::send));
@@ -224,7 +224,7 @@ TEST_CASE("attach racing with counter::destroy: exactly one of them wins, every 
   for (int i = 0; i < rounds; ++i) {
     auto q = make_qp(dev);
     auto c = make_counter(dev);
-    compcntr::detail::slot* s = c.native_slot();
+    compcntr::plugin::slot* s = c.native_slot();
     std::error_code destroy_ec, attach_ec;
     std::thread t([&] {
       sync.arrive_and_wait();

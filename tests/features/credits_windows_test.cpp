@@ -132,7 +132,7 @@ TEST_CASE("credits windows: stress: no peer ever exceeds its own window") {
         if (n > 0 && pending[p].compare_exchange_weak(n, n - 1)) {
           any = true;
           if (inflight[p].fetch_sub(1) < 1) ++violations;
-          compcntr::detail::slot* s = tr.peer_counter(p).native_slot();
+          compcntr::plugin::slot* s = tr.peer_counter(p).native_slot();
           s->add(1);  // the operation to p completed
         }
       }

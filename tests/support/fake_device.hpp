@@ -24,13 +24,13 @@ struct cell {
   std::atomic<std::uint64_t> err{0};
 };
 
-inline cell& cell_of(compcntr::detail::slot& s) { return *static_cast<cell*>(s.backend_data); }
+inline cell& cell_of(compcntr::plugin::slot& s) { return *static_cast<cell*>(s.backend_data); }
 
-inline const compcntr::detail::hw_counter_ops ops = {
-    .add = [](compcntr::detail::slot& s, std::uint64_t n) noexcept { cell_of(s).comp += n; },
-    .add_error = [](compcntr::detail::slot& s, std::uint64_t n) noexcept { cell_of(s).err += n; },
-    .set = [](compcntr::detail::slot& s, std::uint64_t v) noexcept { cell_of(s).comp = v; },
-    .set_error = [](compcntr::detail::slot& s, std::uint64_t v) noexcept { cell_of(s).err = v; },
+inline const compcntr::plugin::hw_counter_ops ops = {
+    .add = [](compcntr::plugin::slot& s, std::uint64_t n) noexcept { cell_of(s).comp += n; },
+    .add_error = [](compcntr::plugin::slot& s, std::uint64_t n) noexcept { cell_of(s).err += n; },
+    .set = [](compcntr::plugin::slot& s, std::uint64_t v) noexcept { cell_of(s).comp = v; },
+    .set_error = [](compcntr::plugin::slot& s, std::uint64_t v) noexcept { cell_of(s).err = v; },
     .refresh = nullptr,  // only through asynchronous queries
 };
 
@@ -43,25 +43,25 @@ struct stats {
   std::set<std::thread::id> answering_threads; ///< threads that ran query_values
 };
 
-class backend final : public compcntr::detail::backend {
+class backend final : public compcntr::plugin::backend {
  public:
   explicit backend(std::shared_ptr<stats> st) : st_(std::move(st)) {}
   std::string_view name() const noexcept override { return "fake"; }
   compcntr::counter_caps caps() const noexcept override {
     return {.max_value = UINT64_MAX, .max_counters = 0, .supported_qp_attach_ops = 0};
   }
-  std::error_code bind_counter(compcntr::detail::slot& s) noexcept override {
+  std::error_code bind_counter(compcntr::plugin::slot& s) noexcept override {
     s.backend_data = new cell;
     s.hw = &ops;
     ++st_->bound;
     return {};
   }
-  void unbind_counter(compcntr::detail::slot& s) noexcept override {
+  void unbind_counter(compcntr::plugin::slot& s) noexcept override {
     delete static_cast<cell*>(s.backend_data);
     s.backend_data = nullptr;
     --st_->bound;
   }
-  void query_values(std::span<compcntr::detail::slot* const> slots,
+  void query_values(std::span<compcntr::plugin::slot* const> slots,
                     compcntr::counter_values* out) noexcept override {
     ++st_->query_calls;
     st_->queried += slots.size();

@@ -1,6 +1,7 @@
 // Wrapped ibv_qps under emulation, seen from waiters and from shared CQs: wait and poll_any drive
 // the device's progress with no hook, a waiter asleep before an attach, completions left by a
 // destroyed wrapper, one device per CQ, CQs that cannot read qp_num, refused wraps, slow hooks.
+module;
 #include <doctest/doctest.h>
 
 #include "compcntr_config.h"
@@ -20,10 +21,12 @@
 #include <system_error>
 #include <thread>
 #include <vector>
-
-import compcntr;
-
+// Included before the module declaration for the headers below (they must not be
+// included in the module purview).
 #include <compcntr/verbs.h>
+#include <cstddef>
+
+module compcntr;  // a white-box test: a unit of the module (it reads compcntr::detail)
 
 #include "qp_fixture.hpp"
 #if COMPCNTR_HAVE_VERBS

@@ -335,7 +335,7 @@ TEST_CASE("counter destroyed while attached to a wrapped QP: still counted, free
   fake_cq cq;
   fake_qp vq(61);
   auto w = wrap(dev, &vq, on(cq));
-  compcntr::detail::slot* orphan;
+  compcntr::plugin::slot* orphan;
   {
     auto c = make_counter(dev);
     attach(w, c, bits(attach_op::send));

@@ -1,7 +1,13 @@
-// Shared internals of the C API translation units (src/c_api/*.cpp).
-// Include after `import compcntr;` and <compcntr/compcntr.h>.
-#ifndef COMPCNTR_SRC_C_API_INTERNAL_HPP
-#define COMPCNTR_SRC_C_API_INTERNAL_HPP
+// compcntr:c_api -- what the C API's units share (src/c_api/*.cpp): the C objects behind the
+// handles of <compcntr/compcntr.h>, the C counter's layout, argument checks.
+//
+// An internal partition (modules/meson.build, internal_units): the C API's units are
+// implementation units of module compcntr, so they reach compcntr::detail, which importers of
+// `import compcntr;` cannot name; this partition is never exported, installed or imported by
+// the primary unit.
+module;
+#include <compcntr/compcntr.h>
+#include <compcntr/wait.h>
 
 #include <atomic>
 #include <cerrno>
@@ -11,13 +17,33 @@
 #include <string>
 #include <system_error>
 #include <type_traits>
+module compcntr:c_api;
+import :error;
+import :types;
+import :slot;
+import :counter;
+import :device;
+import :wait;
+import :qp;
 
-struct compcntr_device {
+namespace compcntr::c_api {
+
+// The C handles of <compcntr/compcntr.h> are incomplete structs of the global module (the header
+// is included in the global module fragment), and a definition in this module may not complete
+// them: each is the object below behind a reinterpret_cast (impl()/pub()).
+
+/// struct compcntr_device.
+struct device_obj {
   compcntr::device dev;
   std::string name;
 };
-
-namespace compcntr::c_api {
+inline device_obj* impl(compcntr_device* d) noexcept { return reinterpret_cast<device_obj*>(d); }
+inline const device_obj* impl(const compcntr_device* d) noexcept {
+  return reinterpret_cast<const device_obj*>(d);
+}
+inline compcntr_device* pub(device_obj* d) noexcept {
+  return reinterpret_cast<compcntr_device*>(d);
+}
 
 // A C counter: the public struct compcntr_comp_cntr {context, handle, reserved_, slot_}, with
 // the C++ owner of the slot where the header has `slot_` (a compcntr::counter is exactly one
@@ -77,23 +103,29 @@ void drop_c_counter(c_counter* c) noexcept;
 
 }  // namespace compcntr::c_api
 
-// A C QP: the C++ owner (heap-allocated, so use after destroy is caught by AddressSanitizer).
-struct compcntr_qp {
+namespace compcntr::c_api {
+
+/// struct compcntr_qp: the C++ owner (heap-allocated, so use after destroy is caught by
+/// AddressSanitizer).
+struct qp_obj {
   compcntr::qp cxx;
 };
-
-namespace compcntr::c_api {
+inline qp_obj* impl(compcntr_qp* q) noexcept { return reinterpret_cast<qp_obj*>(q); }
+inline const qp_obj* impl(const compcntr_qp* q) noexcept {
+  return reinterpret_cast<const qp_obj*>(q);
+}
+inline compcntr_qp* pub(qp_obj* q) noexcept { return reinterpret_cast<compcntr_qp*>(q); }
 
 /// EINVAL with the message "<call>: <what> is NULL".
 inline int null_arg(const char* call, const char* what) noexcept {
-  return compcntr::detail::fail(EINVAL, "%s: %s is NULL", call, what).value();
+  return detail::fail(EINVAL, "%s: %s is NULL", call, what).value();
 }
 
 /// struct compcntr_wait_attr (NULL: defaults) -> wait_options; 0 or EINVAL with a message
 /// naming `call` and the field. Shared by the wait and credit C calls.
 inline int wait_attr_options(const char* call, const compcntr_wait_attr* attr,
                              compcntr::wait_options& o) noexcept {
-  using compcntr::detail::fail;
+  using detail::fail;
   constexpr std::uint32_t known = COMPCNTR_WAIT_ATTR_SPIN | COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL;
   if (attr == nullptr) return 0;
   if ((attr->comp_mask & ~known) != 0)
@@ -126,5 +158,3 @@ T* fail_null(std::error_code ec) noexcept {
 }
 
 }  // namespace compcntr::c_api
-
-#endif
