@@ -7,7 +7,7 @@
  *   mpirun -np 8 --hostfile hosts compcntr_runtime --iface eth0    # across hosts
  *
  * Exit code 0 only if every check passed on every rank; a rank that fails (or times out
- * waiting for a dead peer) aborts the whole job with MPI_Abort, never hangs it.
+ * waiting for a dead peer) aborts the whole job with MPI_Abort.
  */
 #define _GNU_SOURCE
 #include "rt.h"
