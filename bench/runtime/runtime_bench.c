@@ -27,7 +27,7 @@
  * Writes: wall time per write. Exit code 0 when everything ran and checked.
  */
 #define _GNU_SOURCE
-#include "rt.h"
+#include "rt_bench.h"
 
 #include <mpi.h>
 
@@ -56,6 +56,21 @@ static double thread_cpu_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One more round of messages on rt: the CPU time of every rank's thread in it (all libfabric
+ * work runs there: manual progress) summed over the ranks, per message; *wall: the slowest
+ * rank's wall time (the engine's msg_seconds) per message it sent. */
+static double round_ns(struct rt *rt, double all_msgs, double per_rank_msgs, double *wall)
+{
+	if (rt_next_round(rt))
+		MPI_Abort(MPI_COMM_WORLD, 2);
+	const double c0 = thread_cpu_s();
+	if (rt_messages(rt))
+		MPI_Abort(MPI_COMM_WORLD, 2);
+	const double cpu = thread_cpu_s() - c0;
+	*wall = slowest(rt_stats_of(rt)->msg_seconds) * 1e9 / per_rank_msgs;
+	return total(cpu) * 1e9 / all_msgs;
 }
 
 /* MPI_Isend/MPI_Irecv windows: msgs messages of size bytes to every other rank, at most window
@@ -109,7 +124,6 @@ int main(int argc, char **argv)
 	o.writes = 64;
 	o.rma_batch = 64;
 	o.timeout_ms = 30000;
-	o.quiet_output = 1;
 	int reps = 7, mpi_only = 0, writes_per_sample = 200, msg_credits = 0;
 	uint32_t small_window =
 	        0;  /* > 0: also credits with this window (the latency-bound regime) */
@@ -206,29 +220,13 @@ int main(int argc, char **argv)
 		for (int step = 0; step < 5; step++) {
 			const int which = (step + r) % 5;  /* rotate the order per repetition */
 			if (which == 0 && !mpi_only) {
-				if (rt_next_round(rtc) || rt_messages(rtc))
-					MPI_Abort(MPI_COMM_WORLD, 2);
-				ccw[r] = slowest(rt_stats_of(rtc)->msg_seconds) * 1e9 /
-				         per_rank_msgs;
-				cc[r] = total(rt_stats_of(rtc)->msg_cpu_seconds) * 1e9 / all_msgs;
+				cc[r] = round_ns(rtc, all_msgs, per_rank_msgs, &ccw[r]);
 			} else if (which == 1 && !mpi_only) {
-				if (rt_next_round(rtn) || rt_messages(rtn))
-					MPI_Abort(MPI_COMM_WORLD, 2);
-				nfw[r] = slowest(rt_stats_of(rtn)->msg_seconds) * 1e9 /
-				         per_rank_msgs;
-				nf[r] = total(rt_stats_of(rtn)->msg_cpu_seconds) * 1e9 / all_msgs;
+				nf[r] = round_ns(rtn, all_msgs, per_rank_msgs, &nfw[r]);
 			} else if (which == 3 && rts) {
-				if (rt_next_round(rts) || rt_messages(rts))
-					MPI_Abort(MPI_COMM_WORLD, 2);
-				sww[r] = slowest(rt_stats_of(rts)->msg_seconds) * 1e9 /
-				         per_rank_msgs;
-				sw[r] = total(rt_stats_of(rts)->msg_cpu_seconds) * 1e9 / all_msgs;
+				sw[r] = round_ns(rts, all_msgs, per_rank_msgs, &sww[r]);
 			} else if (which == 4 && rtm) {
-				if (rt_next_round(rtm) || rt_messages(rtm))
-					MPI_Abort(MPI_COMM_WORLD, 2);
-				mcw[r] = slowest(rt_stats_of(rtm)->msg_seconds) * 1e9 /
-				         per_rank_msgs;
-				mc[r] = total(rt_stats_of(rtm)->msg_cpu_seconds) * 1e9 / all_msgs;
+				mc[r] = round_ns(rtm, all_msgs, per_rank_msgs, &mcw[r]);
 			} else if (which == 2) {
 				mpw[r] = slowest(mpi_exchange(o.msgs, o.size, o.window, sbuf, rbuf,
 				                              reqs, &cpu)) *

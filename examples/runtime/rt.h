@@ -1,6 +1,7 @@
 /* examples/runtime: a small MPI-launched runtime over libfabric whose flow control and RMA
- * completion are compcntr's (credits and the completion tracker). This header is the engine
- * shared by the example program (runtime.c) and the MPI benchmark (bench/runtime/).
+ * completion are compcntr's (credits and the completion tracker). This header is the engine's
+ * interface, used by the program (runtime.c, main.c), its test build (tests/runtime/) and the
+ * MPI benchmark (bench/runtime/).
  *
  * One process per MPI rank. Each opens an RDM endpoint (default tcp;ofi_rxm), exchanges its
  * address with MPI_Allgather, then:
@@ -17,6 +18,11 @@
  *     (the CQ bridge on the transmit CQ, FI_WRITE) and finished by compcntr_tracker_quiet.
  * Everything is verified: payload checksums, exactly-once delivery, credit discipline,
  * compcntr's counts against the provider's own fid_cntr counters, the RMA windows' contents.
+ *
+ * The engine's files: endpoint.c (libfabric set-up, rt_open, rt_close), counters.c (compcntr's
+ * counters, bridge and trackers; the node-shared device), progress.c (both CQs, receive checks,
+ * credit return), messages.c (credits + messages), rma.c (RMA + quiet), report.c (the live
+ * line, the counts, the table and checks).
  */
 #ifndef COMPCNTR_EXAMPLES_RUNTIME_RT_H
 #define COMPCNTR_EXAMPLES_RUNTIME_RT_H
@@ -24,7 +30,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum rt_fail_mode { RT_FAIL_NONE = 0, RT_FAIL_EXIT, RT_FAIL_HANG };
+/* Hooks for a program built around the engine, called on the rank's own thread; any may be
+ * NULL. compcntr_runtime sets none; its test build (tests/runtime/rt_faults.c) injects failures
+ * and feeds a watchdog through them. */
+struct rt_hooks {
+	void *ctx;
+	void (*sent)(void *ctx, uint64_t sent); /* after each data message posted (sent so far) */
+	void (*alive)(void *ctx); /* progress: every 64 calls, and before it yields the CPU */
+};
 
 struct rt_opts {
 	const char *provider;   /* fi_getinfo provider name (default "tcp;ofi_rxm") */
@@ -46,13 +59,7 @@ struct rt_opts {
 	int spin_us; /* hot-poll time of waits before backing off (default 50; < 0: never
 	                         * sleep, poll the network like an MPI progress loop) */
 	int interval_us; /* longest sleep between progress calls in a wait (default 100) */
-	int fail_rank; /* -1: none; else this rank fails after fail_at messages */
-	int fail_mode; /* enum rt_fail_mode */
-	uint64_t fail_at;
-	int quiet_output; /* no per-phase messages (bench) */
-	int watchdog_s; /* > 0: this rank's progress re-arms alarm(watchdog_s), so SIGALRM
-	                         * comes only after that long outside the engine's bounded waits
-	                         * (blocked in MPI on a hung peer, stopped); 0: no alarm (bench) */
+	const struct rt_hooks *hooks; /* NULL: none */
 };
 
 void rt_default_opts(struct rt_opts *o);
@@ -75,7 +82,6 @@ struct rt_stats {
 	uint64_t max_inflight_window; /* the window of the peer where max_inflight was seen */
 	uint64_t inflight_violations; /* sends with issued - returned above the peer's window */
 	uint64_t acquire_waits; /* acquires that had to wait */
-	double acquire_wait_seconds; /* time they waited */
 	uint64_t bad_payload, duplicates, missing, out_of_order;
 	uint64_t
 	        credit_violations; /* messages the sender had no credit for (seq >= window + seen) */
@@ -86,10 +92,6 @@ struct rt_stats {
 	uint64_t cc_errors, pv_errors;
 	uint64_t pair_sum_mismatch; /* sources whose checksum sum differs from what they sent */
 	double msg_seconds; /* wall time of the messaging phase */
-	double msg_cpu_seconds; /* CPU time of this rank's thread in it (all libfabric work
-	                              * runs there: manual progress) */
-	double rma_seconds;
-	double quiet_us_max; /* longest single quiet */
 	uint32_t local_peers, remote_peers; /* credits by shared counters / by libfabric */
 	uint64_t credits_shm, credit_incs; /* credits returned into local peers' counters, and
 	                                    * the increments that did it */
@@ -118,19 +120,17 @@ int rt_barrier(struct rt *rt);
 const struct rt_stats *rt_stats_of(const struct rt *rt);
 void rt_close(struct rt *rt);
 
-/* For the benchmark: the provider's name, the endpoint's progress (drives both CQs), the
- * tracker-backed one-write quiet latency and the provider-counter reference. */
+/* The provider's name, and the options in effect (defaults filled in: batch, size). */
 const char *rt_provider(const struct rt *rt);
-void rt_progress(void *rt);
-/* One RMA write to `peer` finished by compcntr_tracker_quiet (cc = 1) or by fi_cntr_wait on
- * the provider's write counter (cc = 0); returns the seconds it took, < 0 on failure. */
-double rt_one_write(struct rt *rt, int peer, int cc);
-int rt_rank(const struct rt *rt);
-/* The options in effect (defaults filled in: batch, size). */
 const struct rt_opts *rt_opts_of(const struct rt *rt);
-int rt_size(const struct rt *rt);
 
 /* Prints the per-rank table (rank 0) and the checks; returns 0 if every check passed. */
 int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, double wall);
+
+/* The program (runtime.c), for main.c and the test build's main: parses argv into *o (MPI
+ * initialised); -1 to go on, else the exit code (after --help, or a usage error printed). */
+int rt_parse_args(int argc, char **argv, struct rt_opts *o);
+/* Runs the phases and the report; returns the exit code (a failing rank aborts the job). */
+int rt_run(const struct rt_opts *o);
 
 #endif

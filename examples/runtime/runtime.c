@@ -1,24 +1,22 @@
 /* compcntr_runtime: an MPI program whose ranks stream messages to each other over libfabric
  * under compcntr credit flow control, and finish RMA writes with compcntr's quiet. See rt.h and
- * examples/runtime/README.md.
+ * examples/runtime/README.md. This file is the program around the engine: its options and the
+ * run (main.c calls the two).
  *
  *   mpirun -np 4 compcntr_runtime --addr 127.0.0.1                 # one host
  *   mpirun -np 8 --hostfile hosts compcntr_runtime --iface eth0    # across hosts
  *
  * Exit code 0 only if every check passed on every rank; a rank that fails (or times out
- * waiting for a dead peer) aborts the whole job with MPI_Abort, never hangs it.
+ * waiting for a dead peer) aborts the whole job with MPI_Abort.
  */
 #define _GNU_SOURCE
 #include "rt.h"
 
 #include <mpi.h>
 
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -49,33 +47,14 @@ static void usage(FILE *f)
 	        "  --live             rank 0 shows a live one-line progress display\n"
 	        "  --spin-us U        hot-poll time of waits (default 50)\n"
 	        "  --interval-us U    longest sleep between progress calls in a wait (default "
-	        "100)\n"
-	        "  --watchdog-s S     end a rank after S s without progress (default 4 timeouts + "
-	        "10 s)\n"
-	        "  --fail-rank R --fail-at K --fail-mode exit|hang\n"
-	        "                     rank R fails after K messages (to check that the job fails "
-	        "fast)\n");
+	        "100)\n");
 }
 
-static int rank_for_alarm;
-static void on_alarm(int sig)
+int rt_parse_args(int argc, char **argv, struct rt_opts *op)
 {
-	(void)sig;
-	static const char msg[] =
-	        "runtime: watchdog: no progress for --watchdog-s seconds (stuck outside "
-	        "the bounded waits, e.g. in MPI on a hung peer); exiting\n";
-	ssize_t w = write(2, msg, sizeof msg - 1);
-	(void)w;
-	_exit(4);
-}
-
-int main(int argc, char **argv)
-{
-	MPI_Init(&argc, &argv);
 	int rank, size;
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &size);
-	rank_for_alarm = rank;
 	struct rt_opts o;
 	rt_default_opts(&o);
 	for (int i = 1; i < argc; i++) {
@@ -86,7 +65,6 @@ int main(int argc, char **argv)
 		if (!v) {                                                                          \
 			if (rank == 0)                                                             \
 				fprintf(stderr, "compcntr_runtime: %s needs a value\n", a);        \
-			MPI_Finalize();                                                            \
 			return 2;                                                                  \
 		}                                                                                  \
 		i++;                                                                               \
@@ -141,38 +119,15 @@ int main(int argc, char **argv)
 		} else if (!strcmp(a, "--interval-us")) {
 			VAL();
 			o.interval_us = atoi(v);
-		} else if (!strcmp(a, "--watchdog-s")) {
-			VAL();
-			o.watchdog_s = atoi(v);
-		} else if (!strcmp(a, "--fail-rank")) {
-			VAL();
-			o.fail_rank = atoi(v);
-		} else if (!strcmp(a, "--fail-at")) {
-			VAL();
-			o.fail_at = strtoull(v, NULL, 0);
-		} else if (!strcmp(a, "--fail-mode")) {
-			VAL();
-			o.fail_mode = !strcmp(v, "exit")   ? RT_FAIL_EXIT
-			              : !strcmp(v, "hang") ? RT_FAIL_HANG
-			                                   : -1;
-			if (o.fail_mode < 0) {
-				if (rank == 0)
-					fprintf(stderr,
-					        "compcntr_runtime: --fail-mode exit|hang\n");
-				MPI_Finalize();
-				return 2;
-			}
 		} else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			if (rank == 0)
 				usage(stdout);
-			MPI_Finalize();
 			return 0;
 		} else {
 			if (rank == 0) {
 				fprintf(stderr, "compcntr_runtime: unknown option '%s'\n", a);
 				usage(stderr);
 			}
-			MPI_Finalize();
 			return 2;
 		}
 	}
@@ -180,22 +135,19 @@ int main(int argc, char **argv)
 		if (rank == 0)
 			fprintf(stderr,
 			        "compcntr_runtime: needs at least 2 ranks (mpirun -np 2 ...)\n");
-		MPI_Finalize();
 		return 2;
 	}
-	if (o.fail_rank >= 0 && o.fail_mode == RT_FAIL_NONE)
-		o.fail_mode = RT_FAIL_EXIT;
-	/* Watchdog: every wait is bounded by timeout_ms and drives progress, which re-arms the
-	 * alarm (rt.c, watchdog_pet); a rank that spends a few timeouts without progress (blocked
-	 * in MPI on a hung peer, stopped) ends. A long healthy run is never cut short. Setting up
-	 * (rt_open: MPI collectives, no progress yet) gets the default allowance however short
-	 * --watchdog-s is: it took about 1 s on a busy 2-vCPU machine. */
-	const int setup_s = 4 * (o.timeout_ms / 1000 + 1) + 10;
-	if (o.watchdog_s <= 0)
-		o.watchdog_s = setup_s;
-	signal(SIGALRM, on_alarm);
-	alarm((unsigned)(o.watchdog_s > setup_s ? o.watchdog_s : setup_s));
+#undef VAL
+	*op = o;
+	return -1;
+}
 
+int rt_run(const struct rt_opts *op)
+{
+	int rank, size;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &size);
+	const struct rt_opts o = *op;
 	const double t0 = MPI_Wtime();
 	struct rt *rt = rt_open(&o);
 	if (!rt)
@@ -236,14 +188,8 @@ int main(int argc, char **argv)
 	int rc = 0;
 	if (rank == 0)
 		rc = rt_report(rt_opts_of(rt), all, size, wall);
-	if (getenv("RT_DEBUG"))
-		fprintf(stderr, "rank %d: %llu waits, %.3f s waiting, msg phase %.3f s\n", rank,
-		        (unsigned long long)st.acquire_waits, st.acquire_wait_seconds,
-		        st.msg_seconds);
 	MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
 	free(all);
 	rt_close(rt);
-	alarm(0);
-	MPI_Finalize();
 	return rc;
 }

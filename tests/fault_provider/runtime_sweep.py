@@ -11,8 +11,9 @@ on every rank), one fault per job at each call site of one run, in turn.
        handled      exit 0 and "all checks passed" (the program's checks include compcntr's counts
                     against the provider's own counters on every rank: a lost or doubled count
                     fails them)
-       reported     exit != 0, and a rank's output names the injected code (rt.c prints
-                    fi_strerror of the failed call, then MPI_Abort)
+       reported     exit != 0, and a rank's output names the injected code (the engine,
+                    examples/runtime/*.c, prints fi_strerror of the failed call, then
+                    MPI_Abort)
        not-reached  the fault provider injected nothing
      or a defect: hang (the job outlived --timeout, or a rank outlived mpirun), crash (a rank ended
      by a signal), asan (a sanitizer report), misreported (exit != 0 without the code named),
@@ -36,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import run_runtime  # noqa: E402  (kill_session: a rank that outlives mpirun)
 import sweep  # noqa: E402  (CODES, SHORT, SITE_RE, INJ_RE)
 
-# How rt.c names a failed call's code: fi_strerror's text (libfabric 1.17), or the FI_ name.
+# How examples/runtime names a failed call's code: fi_strerror's text (libfabric 1.17), or the FI_ name.
 STRERROR = {"EAGAIN": "Resource temporarily unavailable", "ENOMEM": "Cannot allocate memory",
             "EIO": "Input/output error", "ETIMEDOUT": "Connection timed out",
             "EAVAIL": "Error available", "ETRUNC": "Truncation error"}
