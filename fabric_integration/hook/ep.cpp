@@ -86,9 +86,7 @@ int ep_bind(fid* f, fid* bfid, std::uint64_t flags) {
   const fi_ops* orig = orig_of(f->ops);
   if (hook_cntr* h = as_hook_cntr(bfid)) {
     control_guard g;
-    fid_cntr* hidden = hidden_of(h);
-    if (hidden == nullptr) return -FI_EINVAL;
-    const int r = orig->bind(f, &hidden->fid, flags);
+    const int r = bind_hidden(orig, f, h, flags);
     if (r != 0) {
       // A refused bind may still have linked the endpoint into the provider's counter (util's
       // duplicate-binding check runs after the link): after that endpoint closes, progressing the
@@ -96,7 +94,6 @@ int ep_bind(fid* f, fid* bfid, std::uint64_t flags) {
       // read it. The progress thread leaves such a counter to the application's calls for good.
       pending_add(h, 1);
     } else {
-      note_bound(h);
       if (const layer_ops* l = layer()) l->ep_bound(ep_of(f), bfid, flags);
       std::lock_guard lk(g_ep_mu);
       try {

@@ -179,6 +179,10 @@ hook_cntr* as_hook_cntr(const fid* f) noexcept;
 fid_cntr* hidden_of(hook_cntr* c) noexcept;
 /// A successful bind of the hidden counter (statistics; progress bookkeeping).
 void note_bound(hook_cntr* c) noexcept;
+/// fi_ep_bind / fi_mr_bind of hook counter `h` to `f`: binds its hidden provider counter through
+/// the provider's bind `orig` and notes a success (note_bound); -FI_EINVAL if `h` has no hidden
+/// counter. Call with a control_guard held (a control-path operation).
+int bind_hidden(const fi_ops* orig, fid* f, hook_cntr* h, std::uint64_t flags) noexcept;
 /// Bindings to endpoints not enabled yet: the progress thread leaves such a counter alone (a
 /// provider's endpoint cannot be progressed before fi_enable: rxm crashes). ep.cpp counts them
 /// up at fi_ep_bind and down at fi_enable or fi_close of the endpoint.

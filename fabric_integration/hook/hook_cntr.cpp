@@ -246,6 +246,14 @@ void pull(hook_cntr* c) noexcept {
 
 void note_bound(hook_cntr*) noexcept { stats().cntr_bound.fetch_add(1, std::memory_order_relaxed); }
 
+int bind_hidden(const fi_ops* orig, fid* f, hook_cntr* h, std::uint64_t flags) noexcept {
+  fid_cntr* hidden = hidden_of(h);
+  if (hidden == nullptr) return -FI_EINVAL;
+  const int r = orig->bind(f, &hidden->fid, flags);
+  if (r == 0) note_bound(h);
+  return r;
+}
+
 void pending_add(hook_cntr* c, int delta) noexcept {
   c->pending.fetch_add(delta, std::memory_order_acq_rel);
 }

@@ -12,11 +12,7 @@ int mr_bind(fid* f, fid* bfid, std::uint64_t flags) {
   const fi_ops* orig = orig_of(f->ops);
   if (hook_cntr* h = as_hook_cntr(bfid)) {
     control_guard g;
-    fid_cntr* hidden = hidden_of(h);
-    if (hidden == nullptr) return -FI_EINVAL;
-    const int r = orig->bind(f, &hidden->fid, flags);
-    if (r == 0) note_bound(h);
-    return r;
+    return bind_hidden(orig, f, h, flags);
   }
   return orig->bind(f, bfid, flags);
 }

@@ -12,7 +12,7 @@
 // undefined. A view must not outlive the counter it names.
 // Guarantees:
 //   * add()/add_error() never lose an update, from any number of threads.
-//   * value()/errors() are one acquire load of the slot (the "mirror"); on the software device an
+//   * value()/errors() are one acquire load of the slot; on the software device an
 //     update is visible to them as soon as the updating call returns.
 //   * set()/set_error() replace a value; increments racing with them may be lost (verbs rule).
 //   * the destructor destroys the counter; if a holder (QP attachment, counter_ref, bridge)

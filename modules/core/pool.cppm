@@ -1,6 +1,6 @@
 // compcntr:pool -- where slots live: NUMA-aware arenas and lock-free per-node free lists.
 //
-// Purpose: hand out and take back 128-byte counter slots (the "mirrors"), placed on a NUMA node,
+// Purpose: hand out and take back 128-byte counter slots, placed on a NUMA node,
 // without a lock on the create/destroy path. Knows nothing about devices or waiting. Design
 // (arenas, per-node Treiber stacks and bump words, placement and fallback, arena budget):
 // src/core/pool.cpp; the hwloc side: src/core/numa_topology.cpp; users' view: docs/pool.md.

@@ -1,8 +1,9 @@
 // compcntr:slot -- one counter's memory, and every memory-ordering rule of the library.
 //
-// Purpose: the slot is the "mirror" of a completion counter: the single place where readers,
-// waiters and pollers look. Software completions are atomic RMWs on it; native hardware counters
-// are DMA-written into it by the device (EFA) or refreshed into it by the backend (slot::hw).
+// Purpose: the slot is a completion counter's memory: the single place where readers, waiters
+// and pollers look. Software completions are atomic RMWs on it (the slot is the counter); for a
+// native hardware counter it is the counter's mirror, DMA-written by the device (EFA) or
+// refreshed by the backend (slot::hw).
 // Layout (one 128-byte block, compcntr:cache_padded says why 128):
 //   line 0: value, errors, wake_seq, type, backend_data, stripes, owner, index, numa_node --
 //           written by updates of a plain counter, polled by waiters; the rest fixed for life

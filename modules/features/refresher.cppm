@@ -2,7 +2,7 @@
 // asynchronous queries.
 //
 // Purpose: on backends whose device does not write counter values into host memory (mlx5 DEVX
-// counters, or a device reachable only through commands), a counter's slot (its "mirror", the
+// counters, or a device reachable only through commands), a counter's slot (its mirror: the
 // one place readers, waiters and pollers look) must be refreshed from the device. Refreshing
 // one counter at a time with a blocking command costs a round trip each; the refresher instead
 // keeps one batch of asynchronous queries in flight on its own cmd_comp and, whenever it is
