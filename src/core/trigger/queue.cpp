@@ -27,9 +27,6 @@ thread_local bool tl_in_progress = false;
 
 }  // namespace
 
-trigger_queue* find_queue(device_core& dev) noexcept {
-  return static_cast<trigger_queue*>(dev.find_service(&queue_service_key));
-}
 trigger_queue* ensure_queue(device_core& dev) noexcept {
   if (trigger_queue* q = find_queue(dev)) return q;
   auto* mine = new (std::nothrow) trigger_queue;

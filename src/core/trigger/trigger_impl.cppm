@@ -183,9 +183,12 @@ struct trigger_queue final : device_service {
   }
 };
 
-/// The device's queue, or nullptr if no deferred trigger was ever armed on it (queue.cpp).
-trigger_queue* find_queue(device_core& dev) noexcept;
-/// The device's queue, created and attached as a device service on first use; nullptr: ENOMEM.
+/// The device's queue, or nullptr if no deferred trigger was ever armed on it.
+inline trigger_queue* find_queue(device_core& dev) noexcept {
+  return static_cast<trigger_queue*>(dev.find_service(&queue_service_key));
+}
+/// The device's queue, created and attached as a device service on first use; nullptr: ENOMEM
+/// (queue.cpp).
 trigger_queue* ensure_queue(device_core& dev) noexcept;
 
 } // namespace compcntr::detail
