@@ -123,8 +123,8 @@ def main():
         iseen.append(name)
     for rel in ['compcntr.cppm'] + [r for _, r in order]:
         text = (root / 'modules' / rel).read_text()
-        leak = [m.group(1) for m in re.finditer(r'^\s*(?:export\s+)?import\s+:(\w+)\s*;', text, re.M)
-                if m.group(1) in inames]
+        used = re.findall(r'^\s*(?:export\s+)?import\s+:(\w+)\s*;', text, re.M)
+        leak = [d for d in used if d in inames]
         if leak:
             problems.append('modules/%s imports internal partition(s) %s (installed units must '
                             'not need them)' % (rel, ' '.join(leak)))
