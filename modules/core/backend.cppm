@@ -281,7 +281,7 @@ class device_core {
 std::error_code max_counters_from_env(std::uint32_t& out) noexcept;
 inline constexpr std::uint32_t default_max_counters = 1u << 20;
 
-/// The backend of a shared device (src/core/shared/segment.cpp): opens or creates segment NAME
+/// The backend of a shared device (src/core/shared/cells.cpp): opens or creates segment NAME
 /// (`name` without the "shm:" prefix) as flags (shared_create, shared_excl) and mode say.
 /// nullptr and ec on failure (EINVAL, ENOENT, EEXIST, EACCES, EBADMSG, EUSERS, ENOMEM, ...).
 std::unique_ptr<backend> open_shared_backend(std::string_view name, std::uint32_t flags,

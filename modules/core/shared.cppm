@@ -46,7 +46,7 @@ namespace compcntr::detail {
 /// to notify_slow (which calls notify_shared). Not a count; never cleared by waiters.
 inline constexpr std::uint32_t watch_shared = 1u << 27;
 
-/// The process-local state of one opened segment (src/core/shared/segment.cpp).
+/// The process-local state of one opened segment (src/core/shared/segment_impl.cppm).
 struct shared_segment;
 
 /// The hardware-ops table of shared counters: set/set_error on the cell halves (add and

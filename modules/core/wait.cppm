@@ -137,7 +137,7 @@ struct wait_goal {
 /// tracker): the three phases of the file comment in one call (src/core/wait/wait.cpp).
 std::errc wait_slot(slot& s, const wait_goal& goal, std::int64_t timeout_ms,
                     const wait_options& opts) noexcept;
-/// compcntr::poll_any over any list of slots (src/core/wait/wait.cpp).
+/// compcntr::poll_any over any list of slots (src/core/wait/poll.cpp).
 poll_result poll_slots(const slot_list& slots, const std::uint64_t* thresholds,
                        std::int64_t timeout_ms, const wait_options& opts) noexcept;
 /// Records "wait: counter is empty" and returns invalid_argument.

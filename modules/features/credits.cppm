@@ -73,7 +73,7 @@ struct credit_check {
 /// Checks a tracker's shape for `call` (messages name it): dev non-empty, 0 < npeers < 2^32,
 /// 0 < credits_per_peer <= a quarter of the counter range, max_value + 1 a power of two.
 /// Returns the device's max_value (the modulus mask), or 0 and ec (EINVAL, ENOTSUP). Internal
-/// (credit_tracker::create/adopt and the C layer). Defined in src/features/credits/credits.cpp.
+/// (credit_tracker::create/adopt and the C layer). Defined in src/features/credits/create.cpp.
 std::uint64_t check_credit_shape(const char* call, const device& dev, std::size_t npeers,
                                  std::uint64_t credits_per_peer, std::error_code& ec) noexcept;
 /// check_credit_shape for per-peer windows: every windows[i] in (0, a quarter of the range];

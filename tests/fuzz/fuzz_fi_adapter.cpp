@@ -17,9 +17,10 @@
 // update), trywait's last values, bridge bindings; the triggers (as fuzz_trigger.cpp: inline
 // chains through the trampoline, the deferred queue); per CQ the entries not yet consumed (kind,
 // class, length); per bridge its class table, batch size and statistics; per mirror its last
-// provider values. A bridge's progress is modelled batch by batch as bridge.cpp reads (a known
-// format: fi_cq_read of up to 64 entries, stopping at an error entry; an unknown one: one entry
-// per read, counted at the end), a wait check by check (each drives the counter's bridges).
+// provider values. A bridge's progress is modelled batch by batch as bridge_progress.cpp reads
+// (a known format: fi_cq_read of up to 64 entries, stopping at an error entry; an unknown one:
+// one entry per read, counted at the end), a wait check by check (each drives the counter's
+// bridges).
 // Checked after every call: return values, every counter's values, triggers' states, actions
 // run, bridge statistics, fds readable after an update that followed an arm.
 #include "fuzz_fabric.hpp"
@@ -36,7 +37,7 @@ using namespace fuzz::fab;
 
 constexpr int max_counters = 6;
 constexpr int max_triggers = 32;
-constexpr int n_classes = 6; // bridge.cpp's order: the first matching class of an entry
+constexpr int n_classes = 6; // bridge.hpp's order: the first matching class of an entry
 constexpr std::uint64_t class_flag[n_classes] = {FI_REMOTE_WRITE, FI_REMOTE_READ, FI_READ,
                                                  FI_WRITE,        FI_SEND,        FI_RECV};
 constexpr std::uint64_t bindable =

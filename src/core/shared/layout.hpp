@@ -9,7 +9,7 @@
 // sizes they validated at open (kept in process memory), never the header's fields afterwards.
 // Guarantees: fixed sizes and offsets (static_asserts); a version number that changes with them.
 // Memory ordering: the atomics are lock-free and address-free (the same physical word in every
-// process); their orderings are stated where they are used (src/core/shared/segment.cpp).
+// process); their orderings are stated where they are used (src/core/shared/).
 #ifndef COMPCNTR_SRC_CORE_SHARED_LAYOUT_HPP
 #define COMPCNTR_SRC_CORE_SHARED_LAYOUT_HPP
 
