@@ -10,8 +10,8 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
-#include <rdma/fi_errno.h>
 #include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
 #endif
 
 namespace bench::fabric {
@@ -207,7 +207,7 @@ __attribute__((noinline)) void loop_add(fid_cntr* c, std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) keep(static_cast<std::uint64_t>(fi_cntr_add(c, 1)));
 }
 
-}  // namespace
+} // namespace
 
 const handles* get(const std::string& provider, std::string& why) {
   auto& c = cache();
@@ -306,4 +306,4 @@ void describe(variant&, const wait_pair&) {}
 
 #endif
 
-}  // namespace bench::fabric
+} // namespace bench::fabric

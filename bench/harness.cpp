@@ -55,7 +55,7 @@ inline void cpu_relax() noexcept {
   __builtin_ia32_pause();
 #endif
 }
-}  // namespace
+} // namespace
 
 // ---- statistics ----
 
@@ -67,7 +67,7 @@ double quantile(const std::vector<double>& sorted, double q) {
   const auto hi = static_cast<std::size_t>(std::ceil(pos));
   return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
 }
-}  // namespace
+} // namespace
 
 stats summarize(std::vector<double> samples) {
   stats s;
@@ -318,7 +318,7 @@ bool natural_less(const std::string& a, const std::string& b) {
   };
   return split(a) < split(b);
 }
-}  // namespace
+} // namespace
 
 bool register_row(row_info r) {
   row_list().push_back(r);
@@ -343,4 +343,4 @@ const probe_info* find_probe(const std::string& name) {
   return nullptr;
 }
 
-}  // namespace bench
+} // namespace bench

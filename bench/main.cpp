@@ -63,7 +63,7 @@ std::string self_path(const char* argv0) {
   return argv0;
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   bench::options opt;

@@ -14,14 +14,14 @@
 // --dump-instr=yes and divides the collected instructions by the execution count of the loop's
 // instructions (the largest per-instruction count: every instruction of the loop body runs
 // once per iteration), see opcount_iter.py.
-#include <chrono>
-#include <thread>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <linux/futex.h>
@@ -176,7 +176,7 @@ void poll_until_set(Poll poll, Set set, int ms) {
   poll();
   t.join();
 }
-}  // namespace
+} // namespace
 
 /// Not counted (name does not match opcount_*): fills the pool so the counted pass recycles slots.
 __attribute__((noinline)) static void warm_pool(compcntr::device& dev,

@@ -144,7 +144,7 @@ void json_result(std::ostream& o, const result& r) {
   o << "}";
 }
 
-}  // namespace
+} // namespace
 
 run_info collect_run_info(const options& opt) {
   run_info info;

@@ -30,4 +30,4 @@ void print_table(std::FILE* f, const run_info& info, const std::vector<check>& l
 bool write_json(const std::string& path, const run_info& info, const std::vector<check>& lines);
 bool write_svg(const std::string& path, const run_info& info, const std::vector<check>& lines);
 
-}  // namespace bench
+} // namespace bench

@@ -139,7 +139,7 @@ void loopback_traffic() {
               msgs, shared.value(), 2 * 2 * msgs, us * 1000.0 / (2.0 * msgs));
 }
 
-}  // namespace
+} // namespace
 
 void runtime_demo(compcntr::device& dev);  // demo_runtime.cpp
 void shared_demo();                        // demo_shared.cpp

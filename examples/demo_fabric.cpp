@@ -141,7 +141,7 @@ void drive_both(void* ctx) {
   compcntr_fi_bridge_progress(p->b);
 }
 
-}  // namespace
+} // namespace
 
 void fabric_demo() {
   std::printf("\n== libfabric: counters on real tcp;ofi_rxm loopback traffic (127.0.0.1)\n");

@@ -187,7 +187,7 @@ void credits(compcntr::device& dev) {
               cr.try_acquire(0, 5) == std::errc::invalid_argument ? "EINVAL" : "?");
 }
 
-}  // namespace
+} // namespace
 
 void runtime_demo(compcntr::device& dev) {
   waiting(dev);

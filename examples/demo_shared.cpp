@@ -94,7 +94,7 @@ const compcntr::wait_options forced_sleep{.spin = 0ns};  // no polling: straight
   for (;;) ::pause();
 }
 
-}  // namespace
+} // namespace
 
 void shared_demo() {
   section("shared counters: two processes of this node, counters on one shm: device");

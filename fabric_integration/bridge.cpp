@@ -21,8 +21,8 @@ import compcntr;
 
 #include <compcntr/fabric.hpp>
 
-#include "internal.hpp"
 #include "bridge.hpp"
+#include "internal.hpp"
 
 using namespace compcntr_fabric;
 

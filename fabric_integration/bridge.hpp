@@ -55,7 +55,7 @@ struct binding {
   }
 };
 
-}  // namespace compcntr_fabric
+} // namespace compcntr_fabric
 
 struct compcntr_fi_bridge {
   fid_cq* cq = nullptr;

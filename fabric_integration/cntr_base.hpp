@@ -241,6 +241,6 @@ struct cntr_ops {
   };
 };
 
-}  // namespace compcntr_fabric
+} // namespace compcntr_fabric
 
 #endif

@@ -10,7 +10,7 @@ namespace {
 // 256 bytes: the longest sentence (a compcntr message quoted inside ours) fits; longer ones are
 // cut, never overflowed (vsnprintf).
 thread_local char last_error[256];
-}  // namespace
+} // namespace
 
 namespace compcntr_fabric {
 
@@ -22,6 +22,6 @@ int fail(int err, const char* fmt, ...) noexcept {
   return err;
 }
 
-}  // namespace compcntr_fabric
+} // namespace compcntr_fabric
 
 extern "C" const char* compcntr_fi_last_error(void) { return last_error; }

@@ -69,6 +69,6 @@ std::mutex& registry_lock() noexcept;
 bool add_binding(adapter& a, compcntr_fi_bridge* br) noexcept;
 void remove_binding(adapter& a, compcntr_fi_bridge* br) noexcept;
 
-}  // namespace compcntr_fabric
+} // namespace compcntr_fabric
 
 #endif

@@ -131,6 +131,6 @@ class mirror_core {
   std::mutex mu_;
 };
 
-}  // namespace compcntr_fabric
+} // namespace compcntr_fabric
 
 #endif

@@ -46,4 +46,4 @@ export namespace compcntr {
 /// (<compcntr/version.h>, the headers' version). A static string (NUL-terminated).
 std::string_view version() noexcept;
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -25,4 +25,4 @@ __attribute__((noinline)) inline void fetch_add_loop(std::atomic<std::uint64_t>&
   for (std::uint64_t i = 0; i < n; ++i) a.fetch_add(1);
 }
 
-}  // namespace bench::rows
+} // namespace bench::rows

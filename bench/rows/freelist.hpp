@@ -68,4 +68,4 @@ inline void unmap_blocks(block128* p, std::size_t n) noexcept {
   if (p) ::munmap(p, n * sizeof(block128));
 }
 
-}  // namespace bench::rows
+} // namespace bench::rows

@@ -110,4 +110,4 @@ inline std::vector<result> collect(const context& ctx, const std::vector<config>
   return out;
 }
 
-}  // namespace bench::hook
+} // namespace bench::hook

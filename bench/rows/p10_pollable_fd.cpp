@@ -58,6 +58,6 @@ void run(bench::context& ctx) {
   ctx.add(bench::compare("P10", "add(1) with an unarmed pollable fd vs fetch_add", r[0], r[2]));
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P10", "increment with a pollable fd nobody armed, vs P2's plain add", run);

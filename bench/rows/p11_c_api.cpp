@@ -122,7 +122,7 @@ void run(bench::context& ctx) {
   ctx.add(bench::compare("P11", "C wait, reached threshold, vs C++ wait", r[8], r[9]));
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW(
     "P11",

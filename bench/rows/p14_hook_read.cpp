@@ -13,8 +13,8 @@
 // runs wherever the scheduler puts it).
 #include <sched.h>
 
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "../fabric.hpp"

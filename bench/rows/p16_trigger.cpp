@@ -120,6 +120,6 @@ void run(bench::context& ctx) {
                          r[0].available ? pp::describe("triggered", *tallies[0]) : ""));
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P16", "triggered counter add vs a waiter doing the add", run);

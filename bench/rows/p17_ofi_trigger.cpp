@@ -38,8 +38,8 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
-#include <rdma/fi_errno.h>
 #include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_trigger.h>
 #endif

@@ -190,7 +190,7 @@ void run(bench::context& ctx) {
   if (m != MAP_FAILED) ::munmap(m, sizeof(raw_shared));
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P18",
                    "cross-process ping-pong on shared counters vs raw shared atomics and futex",

@@ -71,6 +71,6 @@ void run(bench::context& ctx) {
   ctx.add(bench::compare("P1", "read: value() vs fi_cntr_read shm bound", r[0], r[5]));
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P1", "counter read vs raw atomic load and libfabric fi_cntr_read", run);

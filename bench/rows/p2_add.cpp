@@ -58,6 +58,6 @@ void run(bench::context& ctx) {
   ctx.add(bench::compare("P2", "increment: add(1) vs fi_cntr_add shm", r[0], r[4]));
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P2", "software increment, one thread, vs raw fetch_add and fi_cntr_add", run);

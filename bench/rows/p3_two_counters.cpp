@@ -13,7 +13,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <system_error>

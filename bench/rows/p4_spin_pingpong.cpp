@@ -258,6 +258,6 @@ void run(bench::context& ctx) {
                          bench::goal::info, 0, note(7, "fi_cntr_wait udp;ofi_rxd")));
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P4", "spin-mode wait ping-pong vs raw spin and fi_cntr_wait ping-pongs", run);

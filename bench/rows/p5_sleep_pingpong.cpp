@@ -229,7 +229,7 @@ void run(bench::context& ctx) {
                          bench::goal::info, 0, note(3, 5, "atomic::wait")));
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW(
     "P5", "blocking (forced-sleep) wait ping-pong vs raw futex and C++20 atomic wait/notify", run);

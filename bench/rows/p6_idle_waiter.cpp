@@ -163,6 +163,6 @@ void run(bench::context& ctx) {
                          describe("fi_cntr_wait shm", r[2])));
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P6", "idle waiter: CPU time while the counter completes after 50 ms", run);

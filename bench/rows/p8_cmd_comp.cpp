@@ -197,6 +197,6 @@ void run(bench::context& ctx) {
       bench::absolute("P8", "cmd_comp issue+collect, batch 16", r[2], bench::goal::info, 0, n2));
 }
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P8", "async counter queries through a cmd_comp, issue + collect, batched", run);

@@ -30,8 +30,8 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
-#include <rdma/fi_errno.h>
 #include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
 #endif
 
 import compcntr;
@@ -260,7 +260,7 @@ void run(bench::context& ctx) {
 
 #endif
 
-}  // namespace
+} // namespace
 
 COMPCNTR_BENCH_ROW("P9", "CQ bridge on tcp;ofi_rxm loopback traffic vs the provider's own counters",
                    run);

@@ -232,13 +232,13 @@ static inline int compcntr_set_err_comp_cntr_inline_(struct compcntr_comp_cntr *
 #endif
 
 /* Further call families, one header each, all reachable through this umbrella header. */
-#include <compcntr/qp.h>
-#include <compcntr/verbs.h>
-#include <compcntr/wait.h>
 #include <compcntr/cmd_comp.h>
 #include <compcntr/credits.h>
+#include <compcntr/qp.h>
+#include <compcntr/shared.h>
 #include <compcntr/tracker.h>
 #include <compcntr/trigger.h>
-#include <compcntr/shared.h>
+#include <compcntr/verbs.h>
+#include <compcntr/wait.h>
 
 #endif /* COMPCNTR_COMPCNTR_H */

@@ -42,6 +42,6 @@ inline compcntr::wait_options progress_options(compcntr_fi_bridge* br,
   return o;
 }
 
-}  // namespace compcntr::fabric
+} // namespace compcntr::fabric
 
 #endif

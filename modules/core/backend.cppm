@@ -56,7 +56,7 @@ class qp_capability;             // compcntr:qp
 class native_attach_capability;  // compcntr:qp
 class command_capability;        // compcntr:cmd_comp
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr::plugin {
 
@@ -100,7 +100,7 @@ class backend {
   virtual detail::shared_segment* shared() noexcept { return nullptr; }
 };
 
-}  // namespace compcntr::plugin
+} // namespace compcntr::plugin
 
 namespace compcntr::detail {
 

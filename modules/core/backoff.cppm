@@ -22,8 +22,8 @@
 //       else b.snooze();
 //     }
 module;
-#include <cstdint>
 #include <sched.h>
+#include <cstdint>
 export module compcntr:backoff;
 
 export namespace compcntr {

@@ -43,4 +43,4 @@ struct alignas(false_sharing_range) cache_padded {
   inline const T* operator->() const noexcept { return &value; }
 };
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -92,7 +92,7 @@ class counter_surface {
   inline slot* s() const noexcept { return static_cast<const Self*>(this)->native_slot(); }
 };
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr {
 
@@ -172,6 +172,6 @@ namespace detail {
 struct counter_access {
   static inline counter adopt(slot* s) noexcept { return counter(s); }
 };
-}  // namespace detail
+} // namespace detail
 
-}  // namespace compcntr
+} // namespace compcntr

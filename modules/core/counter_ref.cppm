@@ -80,4 +80,4 @@ class counter_ref : public detail::counter_surface<counter_ref> {
   detail::slot* s_ = nullptr;
 };
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -152,4 +152,4 @@ class device {
 /// progress. `c` must not be empty.
 inline std::size_t progress(counter_view c) noexcept { return c.native_slot()->owner->progress(); }
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -22,7 +22,7 @@ export namespace compcntr {
 /// (e.g. "create_comp_cntr: flags must be 0 (got 0x4)"). Empty if none failed yet.
 std::string_view last_error_message() noexcept;
 
-}  // namespace compcntr
+} // namespace compcntr
 
 namespace compcntr::detail {
 
@@ -42,4 +42,4 @@ inline const std::error_category& system_category_cached() noexcept {
   return c;
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

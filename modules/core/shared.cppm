@@ -38,7 +38,7 @@ export namespace compcntr {
 inline constexpr std::uint32_t shared_create = 1u << 0;  ///< create the segment if absent
 inline constexpr std::uint32_t shared_excl = 1u << 1;    ///< with create: EEXIST if it is in use
 
-}  // namespace compcntr
+} // namespace compcntr
 
 namespace compcntr::detail {
 
@@ -92,4 +92,4 @@ bool shared_fd_check(slot& s, bool creator_dead) noexcept;
 /// (shared_sweep_if_due), so a dead peer or a scribbled sleeper count delays it at most this.
 inline constexpr std::chrono::milliseconds shared_sleep_slice{250};
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -31,11 +31,11 @@
 //     slot.add(1);                                    // completion: seq_cst RMW + load of watch
 //     std::uint64_t v = slot.load_value();            // reader: one acquire load
 module;
+#include <sched.h>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <system_error>
-#include <sched.h>
 #if __has_include(<sys/rseq.h>)
 #include <sys/rseq.h>
 #endif
@@ -62,7 +62,7 @@ struct hw_counter_ops {
   void (*refresh)(slot&) noexcept;
 };
 
-}  // namespace compcntr::plugin
+} // namespace compcntr::plugin
 
 namespace compcntr::detail {
 

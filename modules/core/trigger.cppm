@@ -103,7 +103,7 @@ std::size_t run_device_triggers(device_core& dev) noexcept;
 std::error_code start_trigger_service(device_core& dev) noexcept;
 std::error_code stop_trigger_service(device_core& dev) noexcept;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr {
 
@@ -231,4 +231,4 @@ inline std::error_code stop_trigger_service(device& dev) noexcept {
   return detail::stop_trigger_service(*dev.core());
 }
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -69,4 +69,4 @@ struct counter_options {
 /// counter_options::stripes value: one stripe per CPU.
 inline constexpr std::uint32_t stripes_per_cpu = UINT32_MAX;
 
-}  // namespace compcntr
+} // namespace compcntr

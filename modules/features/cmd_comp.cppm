@@ -68,7 +68,7 @@ struct query_response {
   counter_values values;
 };
 
-}  // namespace compcntr
+} // namespace compcntr
 
 namespace compcntr::detail {
 
@@ -140,7 +140,7 @@ class command_capability {
 /// Retains the device; nullptr + ec (ENOMEM, EMFILE, ...) on failure.
 cmd_comp_core* make_engine_cmd_comp(device_core& dev, std::error_code& ec) noexcept;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr {
 
@@ -204,4 +204,4 @@ class cmd_completion {
   detail::cmd_comp_core* core_ = nullptr;
 };
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -46,9 +46,9 @@ inline constexpr std::uint32_t local_write = 1u << 0;   ///< receive / RDMA-read
 inline constexpr std::uint32_t remote_write = 1u << 1;  ///< target of the peer's RDMA writes
 inline constexpr std::uint32_t remote_read = 1u << 2;   ///< source of the peer's RDMA reads
 inline constexpr std::uint32_t all = local_write | remote_write | remote_read;
-}  // namespace access
+} // namespace access
 
-}  // namespace compcntr
+} // namespace compcntr
 
 namespace compcntr::detail {
 
@@ -69,7 +69,7 @@ class mr_impl {
   virtual ~mr_impl() = default;
 };
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr {
 
@@ -117,4 +117,4 @@ class memory_region {
   detail::mr_impl* m_ = nullptr;
 };
 
-}  // namespace compcntr
+} // namespace compcntr

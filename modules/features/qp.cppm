@@ -107,7 +107,7 @@ class device;
 
 class qp;
 
-}  // namespace compcntr
+} // namespace compcntr
 
 namespace compcntr::detail {
 

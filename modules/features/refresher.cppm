@@ -54,7 +54,7 @@ inline void store_mirror(slot& s, const counter_values& v) noexcept {
   s.notify();
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 export namespace compcntr {
 

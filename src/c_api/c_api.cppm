@@ -101,7 +101,7 @@ int destroy_c_counter(c_counter* c) noexcept;
 /// The RAII drop: the owner's reference goes; a counter still attached lives on with its QP.
 void drop_c_counter(c_counter* c) noexcept;
 
-}  // namespace compcntr::c_api
+} // namespace compcntr::c_api
 
 namespace compcntr::c_api {
 
@@ -157,4 +157,4 @@ T* fail_null(std::error_code ec) noexcept {
   return nullptr;
 }
 
-}  // namespace compcntr::c_api
+} // namespace compcntr::c_api

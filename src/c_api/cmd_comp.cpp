@@ -3,7 +3,9 @@
 module;
 #include <compcntr/compcntr.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -11,8 +13,6 @@ module;
 #include <system_error>
 #include <type_traits>
 #include <utility>
-#include <atomic>
-#include <chrono>
 
 module compcntr;
 
@@ -36,7 +36,7 @@ static_assert(sizeof(compcntr_devx_async_cmd_hdr) == compcntr::detail::async_cmd
 static_assert(sizeof(compcntr_comp_cntr_values) == compcntr::detail::counter_query_out_bytes);
 static_assert(COMPCNTR_COMP_CNTR_ASYNC_RESP_LEN == 24);
 
-}  // namespace
+} // namespace
 
 extern "C" {
 

@@ -5,15 +5,15 @@ module;
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <new>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <utility>
-#include <chrono>
 
 module compcntr;
 

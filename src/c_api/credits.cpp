@@ -13,15 +13,15 @@ module;
 #include <compcntr/compcntr.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <system_error>
-#include <atomic>
-#include <cstddef>
 #include <string>
+#include <system_error>
 #include <type_traits>
 
 module compcntr;

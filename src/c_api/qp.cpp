@@ -3,7 +3,9 @@
 module;
 #include <compcntr/compcntr.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -12,8 +14,6 @@ module;
 #include <system_error>
 #include <type_traits>
 #include <utility>
-#include <atomic>
-#include <chrono>
 
 module compcntr;
 
@@ -55,7 +55,7 @@ static_assert(static_cast<uint32_t>(compcntr::qp_state::err) == COMPCNTR_QPS_ERR
 
 int result(const std::error_code& ec) noexcept { return ec ? ec.value() : 0; }
 
-}  // namespace
+} // namespace
 
 extern "C" {
 

@@ -5,14 +5,14 @@
 module;
 #include <compcntr/compcntr.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <new>
-#include <system_error>
-#include <atomic>
-#include <cstddef>
 #include <string>
+#include <system_error>
 #include <type_traits>
 
 module compcntr;
@@ -41,7 +41,7 @@ int quiet_impl(const char* call, compcntr_tracker* t, int timeout_ms,
   return static_cast<int>(impl(t)->cxx.quiet(std::chrono::milliseconds(timeout_ms), o));
 }
 
-}  // namespace
+} // namespace
 
 extern "C" {
 

@@ -5,13 +5,13 @@
 module;
 #include <compcntr/compcntr.h>
 
-#include <cerrno>
-#include <cstdint>
-#include <system_error>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <system_error>
 #include <type_traits>
 
 module compcntr;
@@ -46,7 +46,7 @@ compcntr_trigger* arm_counter(const char* call, compcntr_comp_cntr* cc, uint64_t
   return n ? handle(n) : fail_null<compcntr_trigger>(ec);
 }
 
-}  // namespace
+} // namespace
 
 extern "C" {
 

@@ -2,15 +2,15 @@
 module;
 #include <compcntr/compcntr.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <new>
 #include <string>
 #include <system_error>
 #include <type_traits>
-#include <atomic>
-#include <chrono>
 
 module compcntr;
 

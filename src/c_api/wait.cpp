@@ -2,13 +2,13 @@
 module;
 #include <compcntr/compcntr.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <system_error>
-#include <atomic>
 #include <string>
+#include <system_error>
 #include <type_traits>
 
 module compcntr;
@@ -46,7 +46,7 @@ int poll_impl(const char* call, compcntr_comp_cntr* const* ccs, const std::uint6
   return static_cast<int>(r.status);
 }
 
-}  // namespace
+} // namespace
 
 extern "C" {
 

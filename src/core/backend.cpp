@@ -1,7 +1,6 @@
 // The defaults of the device seam (compcntr:backend): what a counter backend does unless it
 // overrides it, and the pool capacity of a new device (which backend a name opens: src/devices/open.cpp).
 module;
-#include "compcntr_config.h"
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -9,6 +8,7 @@ module;
 #include <span>
 #include <string_view>
 #include <system_error>
+#include "compcntr_config.h"
 module compcntr;
 
 namespace compcntr::plugin {

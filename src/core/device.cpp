@@ -44,7 +44,7 @@ device_core::~device_core() {
   }
 }
 
-}  // namespace detail
+} // namespace detail
 
 device device::open_shared(std::string_view name, std::uint32_t flags, std::uint32_t mode,
                            std::error_code& ec) noexcept {
@@ -170,4 +170,4 @@ void device::close(std::error_code& ec) noexcept {
   ec.clear();
 }
 
-}  // namespace compcntr
+} // namespace compcntr

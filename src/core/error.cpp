@@ -18,7 +18,7 @@ namespace {
 void record(const char* fmt, std::va_list ap) noexcept {
   std::vsnprintf(last_message, sizeof last_message, fmt, ap);
 }
-}  // namespace
+} // namespace
 
 std::error_code fail(int err, const char* fmt, ...) noexcept {
   std::va_list ap;
@@ -36,5 +36,5 @@ bool fail_into(std::error_code& ec, int err, const char* fmt, ...) noexcept {
   ec.assign(err, std::generic_category());
   return false;
 }
-}  // namespace detail
-}  // namespace compcntr
+} // namespace detail
+} // namespace compcntr

@@ -47,7 +47,7 @@ void free_counter_slot(slot& s) noexcept {
     return;
   finish_counter_slot(s);
 }
-}  // namespace
+} // namespace
 
 void unref_counter_slot(slot& s) noexcept {
   if (s.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;

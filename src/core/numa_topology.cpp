@@ -21,9 +21,9 @@ module;
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -71,7 +71,7 @@ int local_node_of(const std::vector<hwloc_obj_t>& nodes, unsigned cpu) noexcept 
   return best;
 }
 
-}  // namespace
+} // namespace
 
 int real_current_cpu() noexcept {
 #if __has_include(<sys/rseq.h>) && defined(RSEQ_SIG)
@@ -98,7 +98,7 @@ numa_topology* cache_head = nullptr;  // under cache_mu
 // Loads a topology for t (its source and key set); see load_numa_topology.
 void load_into(numa_topology*& t, const pool_config& cfg);
 
-}  // namespace
+} // namespace
 
 numa_topology* load_numa_topology(const pool_config& cfg) noexcept {
   auto* t = new (std::nothrow) numa_topology;

@@ -34,4 +34,4 @@ void slot::kick() noexcept {
   if ((w & watch_pollers) != 0) notify_ext(*this, watch_pollers);
 }
 
-}  // namespace compcntr::plugin
+} // namespace compcntr::plugin

@@ -50,7 +50,7 @@ std::uint32_t round_up_pow2(std::uint32_t v) noexcept {
   return p;
 }
 
-}  // namespace
+} // namespace
 
 // add/add_error are never reached through the table by the library's own code (slot::add tests
 // `stripes` first), but a caller holding the table may use it. No refresh: the stripes are the
@@ -95,4 +95,4 @@ void free_stripes(slot& s) noexcept {
   s.hw = nullptr;
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -11,4 +11,4 @@ namespace compcntr {
 
 std::string_view version() noexcept { return COMPCNTR_VERSION_STRING; }
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -37,9 +37,9 @@ std::unique_ptr<backend> open_backend(std::string_view name, std::error_code& ec
   return open_verbs_backend(name, ec);
 }
 
-}  // namespace
+} // namespace
 
-}  // namespace detail
+} // namespace detail
 
 device device::open(std::string_view name, std::error_code& ec) noexcept {
   ec.clear();
@@ -51,4 +51,4 @@ device device::open(std::string_view name, std::error_code& ec) noexcept {
   return from_backend(std::move(be), ec);
 }
 
-}  // namespace compcntr
+} // namespace compcntr

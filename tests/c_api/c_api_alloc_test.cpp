@@ -36,7 +36,7 @@ long count_points(void (*call)(compcntr_device*), compcntr_device* d) {
   return fault::disarm();
 }
 
-}  // namespace
+} // namespace
 
 // Defect 1: an allocation failing inside the software QP's construction (its two queues)
 // escaped a noexcept constructor as std::bad_alloc: std::terminate.

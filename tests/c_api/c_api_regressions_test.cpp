@@ -49,7 +49,7 @@ std::uint32_t max_counters(compcntr_device* d) {
   return caps.max_counters;
 }
 
-}  // namespace
+} // namespace
 
 // Defect 4: COMPCNTR_MAX_COUNTERS was parsed with base 0 ("010000" was 4096, "0x10" 16),
 // blanks were accepted on one side only, and "" silently meant the default.

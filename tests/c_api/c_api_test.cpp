@@ -50,7 +50,7 @@ uint64_t read_err(compcntr_comp_cntr* cc) {
 
 std::string last_message() { return compcntr_last_error_message(); }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("open_device: soft, NULL and auto, unknown names") {
   compcntr_device* soft = compcntr_open_device("soft");

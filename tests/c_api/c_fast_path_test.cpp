@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -73,7 +73,7 @@ std::uint64_t read_err(compcntr_comp_cntr* cc) {
   return v;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("C fast paths: compiled in for C, and the exported functions are still there") {
   CHECK(cfp_inline_enabled() == 1);

@@ -37,7 +37,7 @@ uint64_t errors(compcntr_comp_cntr* cc) {
 }
 std::string last() { return compcntr_last_error_message(); }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("C: NULL arguments are EINVAL, never a crash") {
   soft s;

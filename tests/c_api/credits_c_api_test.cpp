@@ -5,13 +5,13 @@
 
 #include <compcntr/compcntr.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <string>
-#include <sys/syscall.h>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "blocked.hpp"
@@ -43,7 +43,7 @@ struct fixture {
   }
 };
 
-}  // namespace
+} // namespace
 
 TEST_CASE("C credits: create validates, NULL + errno") {
   compcntr_device* dev = compcntr_open_device("soft");
@@ -162,7 +162,7 @@ void progress_completes(void* p) {
   ++h->calls;
   compcntr_inc_comp_cntr(h->cc, 1);
 }
-}  // namespace
+} // namespace
 
 TEST_CASE("C credits: _ex calls take wait options and validate them") {
   fixture f(1, 1);

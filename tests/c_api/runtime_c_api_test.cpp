@@ -9,15 +9,15 @@
 #include <poll.h>
 #include <sys/epoll.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <string>
-#include <sys/syscall.h>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "blocked.hpp"
@@ -42,7 +42,7 @@ uint64_t get(int (*f)(compcntr_credits*, uint32_t, uint64_t*), compcntr_credits*
   return v;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("C wait_since: EIO against the caller's error baseline, the first check included") {
   device_fixture f;
@@ -288,7 +288,7 @@ bool readable(int fd) {
   return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("C fd threshold: readable once the value reaches N, not on the updates before") {
   device_fixture f;

@@ -7,14 +7,14 @@
 #include <compcntr/compcntr.h>
 #include <compcntr/tracker.h>   // also reachable alone
 
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <string>
-#include <sys/syscall.h>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "blocked.hpp"
@@ -44,7 +44,7 @@ struct fixture {
   }
 };
 
-}  // namespace
+} // namespace
 
 TEST_CASE("C tracker: NULL arguments and bad input are EINVAL, named, and change nothing") {
   compcntr_device* dev = compcntr_open_device("soft");

@@ -30,7 +30,7 @@ void note(void* ctx, int status) {
 }
 using calls = std::vector<std::pair<int, int>>;
 
-}  // namespace
+} // namespace
 
 TEST_CASE("arm, fire, state, threshold; cancel and EALREADY") {
   compcntr_device* dev = compcntr_open_device("soft");
@@ -161,7 +161,7 @@ void post_next(void* ctx, int status) {
   if (status != 0) return;
   if (compcntr_post_send(l->qp, 99, l->buf, 8, l->lkey) == 0) ++l->posted;
 }
-}  // namespace
+} // namespace
 
 TEST_CASE("triggered work requests on the software device: a chain of sends without the caller") {
   compcntr_device* dev = compcntr_open_device("soft");

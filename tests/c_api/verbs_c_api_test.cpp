@@ -9,12 +9,12 @@
 #endif
 
 #include <atomic>
-#include <chrono>
-#include <span>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <string>
 #include <system_error>
 #include <thread>

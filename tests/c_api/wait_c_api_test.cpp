@@ -4,10 +4,10 @@
 
 #include <compcntr/compcntr.h>
 
+#include <poll.h>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
-#include <poll.h>
 #include <string>
 #include <thread>
 
@@ -39,7 +39,7 @@ bool readable(int fd) {
   return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("C wait: results and EINVAL") {
   fixture f;

@@ -36,7 +36,7 @@ bool contains(std::string_view hay, std::string_view needle) {
   return hay.find(needle) != hay.npos;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE(
     "counter ids: resolve a live counter, ESTALE after destroy even once the slot is reused") {

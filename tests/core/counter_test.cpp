@@ -7,8 +7,8 @@ module;
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -46,7 +46,7 @@ int verbs_device_count() {
 #endif
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("devices: soft, auto and unknown names") {
   std::error_code ec;
@@ -287,7 +287,7 @@ struct flaky_backend final : compcntr::plugin::backend {
     return std::make_error_code(std::errc::not_enough_memory);
   }
 };
-}  // namespace
+} // namespace
 
 TEST_CASE("a failed bind changes nothing: the slot goes back, the device is not held") {
   auto be = std::make_unique<flaky_backend>();

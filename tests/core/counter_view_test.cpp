@@ -4,14 +4,14 @@
 // progress. Exact values and errno values throughout.
 #include <doctest/doctest.h>
 
+#include <poll.h>
+#include <unistd.h>
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <poll.h>
 #include <span>
 #include <system_error>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 import compcntr;
@@ -31,7 +31,7 @@ compcntr::counter_ref resolved(compcntr::device& dev, const compcntr::counter& c
   REQUIRE(r);
   return r;
 }
-}  // namespace
+} // namespace
 
 TEST_CASE("counter, counter_ref and counter_view share one surface over one slot") {
   auto dev = open_soft();

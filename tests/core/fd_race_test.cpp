@@ -33,7 +33,7 @@ std::atomic<int> hold_fd{-1};            // write()s to this fd wait for release
 std::atomic<bool> in_write{false};
 std::atomic<bool> release_write{false};
 std::atomic<bool> hold_after{false};     // hold after the kernel's write instead of before
-}  // namespace
+} // namespace
 
 // Every write() of the program (the library's eventfd signal included) comes here. Writes to
 // hold_fd announce themselves and wait; all others go straight to the kernel.

@@ -3,18 +3,18 @@
 module;
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <fcntl.h>
-#include <sched.h>
 #include <span>
 #include <string>
-#include <sys/epoll.h>
 #include <system_error>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "wait_util.hpp"
@@ -57,7 +57,7 @@ int ready(int ep, int ms = 0) {
   return ::epoll_wait(ep, ev, 4, ms);
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("poll_any: the index of the counter that is ready, EIO with the index, timeouts") {
   auto dev = open_soft();

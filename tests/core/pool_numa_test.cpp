@@ -92,7 +92,7 @@ struct scoped_pin {
   }
 };
 
-}  // namespace
+} // namespace
 
 TEST_CASE("synthetic 2-node topology: the calling thread's CPU picks the node; explicit and "
           "invalid nodes") {

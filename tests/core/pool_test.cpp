@@ -75,7 +75,7 @@ std::atomic<bool> arena_alloc_fails{false};
 
 bool inject_arena_failure() noexcept { return arena_alloc_fails.load(); }
 
-}  // namespace
+} // namespace
 
 TEST_CASE(
     "capacity: exact under concurrent creation, ENOMEM changes nothing, recovery reuses arenas") {

@@ -62,7 +62,7 @@ void pin_to(int k) {
   pthread_setaffinity_np(pthread_self(), sizeof one, &one);
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("striped: stripe counts, rounding, limits; plain counters have one") {
   auto dev = open_soft();

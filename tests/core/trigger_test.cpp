@@ -2,17 +2,17 @@
 // semantics table of docs/trigger.md asserted exactly, then races under stress (TSan in CI).
 #include <doctest/doctest.h>
 
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <unistd.h>
-#include <sys/syscall.h>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <limits>
-#include <pthread.h>
 #include <mutex>
 #include <random>
 #include <system_error>
@@ -58,7 +58,7 @@ trigger arm_logged(compcntr::counter_view c, std::uint64_t threshold, action_log
 
 using calls = std::vector<std::pair<int, int>>;
 
-}  // namespace
+} // namespace
 
 TEST_CASE("a trigger runs exactly once, when the completion value reaches its threshold") {
   auto dev = test_support::open_soft();
@@ -508,7 +508,7 @@ bool asleep(pid_t tid) {
   const char* close_paren = std::strrchr(buf, ')');
   return n > 0 && close_paren != nullptr && close_paren[1] == ' ' && close_paren[2] == 'S';
 }
-}  // namespace
+} // namespace
 
 TEST_CASE("a destroy from inside a deferred action waits for another thread's inline action") {
   // Regression: the destroy waits for the counter's other running actions (busy > its own 1),

@@ -48,7 +48,7 @@ constexpr mode modes[] = {{"default", compcntr::default_spin},
 // Signals that the waiter is inside its wait (progress hooks run after the error sample).
 void mark_inside(void* flag) { static_cast<std::atomic<bool>*>(flag)->store(true); }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("backoff: pauses, then yields, then says block") {
   compcntr::backoff b;
@@ -273,7 +273,7 @@ void hw_refresh(compcntr::plugin::slot& s) noexcept {
 }
 constexpr compcntr::plugin::hw_counter_ops fake_hw{hw_add, hw_add_error, hw_set, hw_set_error,
                                                    hw_refresh};
-}  // namespace
+} // namespace
 
 TEST_CASE("wait: hardware-backed counters are refreshed while waiting, even when asleep") {
   auto dev = open_soft();

@@ -112,7 +112,7 @@ void resolve(F& f, const char* name) {
   resolve(real_bitmap_alloc, "hwloc_bitmap_alloc");
 }
 
-}  // namespace
+} // namespace
 
 // ---- the malloc family (glibc's allocator underneath; free() stays glibc's) ----
 
@@ -185,7 +185,7 @@ void* raw_aligned(std::size_t a, std::size_t n) {
   return __libc_memalign(a, n ? n : 1);
 #endif
 }
-}  // namespace
+} // namespace
 
 // ---- operator new / delete ----
 
@@ -360,4 +360,4 @@ std::size_t distinct_sites() { return sites_used.load(std::memory_order_relaxed)
 
 bool inside_hwloc_load() { return st.hwloc_load_depth > 0; }
 
-}  // namespace fault
+} // namespace fault

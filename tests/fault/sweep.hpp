@@ -242,6 +242,6 @@ totals run_family(const char* family, F fn) {
   return t;
 }
 
-}  // namespace fault
+} // namespace fault
 
 #endif

@@ -35,7 +35,7 @@ std::uint32_t served_by(compcntr::qp& q, const compcntr::counter& c) {
   return m;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("attach: comp_mask and op_mask validation") {
   auto dev = open_soft();

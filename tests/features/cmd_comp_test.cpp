@@ -3,18 +3,18 @@
 
 #include <compcntr/compcntr.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <fcntl.h>
-#include <poll.h>
 #include <string>
-#include <sys/epoll.h>
-#include <sys/syscall.h>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "blocked.hpp"
@@ -79,7 +79,7 @@ void set_nonblocking(int fd, bool on) {
 
 std::string last_message() { return compcntr_last_error_message(); }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("NULL arguments are EINVAL, never a crash") {
   soft_device d;

@@ -2,19 +2,19 @@
 // many producers with one consumer under stress (run under TSan by CI), destroy races.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <fcntl.h>
 #include <memory>
-#include <poll.h>
 #include <span>
-#include <sys/epoll.h>
-#include <sys/syscall.h>
 #include <system_error>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 import compcntr;
@@ -53,7 +53,7 @@ constexpr int stress_scale = 2;  // TSan is ~10x slower: keep the suite well und
 constexpr int stress_scale = 1;
 #endif
 
-}  // namespace
+} // namespace
 
 TEST_CASE("create needs a device; a moved-from cmd_completion is empty") {
   std::error_code ec;

@@ -2,16 +2,16 @@
 // create/adopt validation, flush, release, inconsistent counts, wrap-around, a QP's sends.
 #include <doctest/doctest.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
-#include <sys/syscall.h>
 #include <system_error>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "blocked.hpp"
@@ -70,7 +70,7 @@ struct waiter {
   }
 };
 
-}  // namespace
+} // namespace
 
 TEST_CASE("credits: exact admission arithmetic, per peer") {
   adopted a(2, 3);

@@ -2,16 +2,16 @@
 // error completions and EIO, the largest timeouts, wait hooks, and the over-subscription stress.
 #include <doctest/doctest.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
-#include <sys/syscall.h>
 #include <system_error>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "blocked.hpp"

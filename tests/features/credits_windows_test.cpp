@@ -26,7 +26,7 @@ using std::errc;
 
 namespace {
 std::string msg() { return std::string(compcntr::last_error_message()); }
-}  // namespace
+} // namespace
 
 TEST_CASE("credits windows: each peer admits exactly its own window") {
   auto dev = open_soft();

@@ -23,7 +23,7 @@ namespace {
 
 std::string msg() { return std::string(compcntr::last_error_message()); }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("reg_mr: argument rules, keys, and the registration's lifetime") {
   auto dev = open_soft();

@@ -33,7 +33,7 @@ bool is_message(const unsigned char* in, int p, int i) {
   return true;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("several QP pairs post at once from both sides: exact totals, byte-exact data") {
   constexpr int pairs = 4;

@@ -1,16 +1,16 @@
 // The mirror refresher on a fake device whose counter values live in the device, not the slots.
 #include <doctest/doctest.h>
 
+#include <poll.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <poll.h>
-#include <sys/epoll.h>
 #include <system_error>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 import compcntr;
@@ -49,7 +49,7 @@ bool refresh_fully(compcntr::mirror_refresher& r) {
   });
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("mirrors of device-held counters follow the device through batched queries") {
   fake_setup f;

@@ -5,16 +5,16 @@
 // tests/c_api/tracker_c_api_test.cpp.
 #include <doctest/doctest.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <sys/syscall.h>
 #include <system_error>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "blocked.hpp"
@@ -72,7 +72,7 @@ struct waiter {
 
 compcntr::wait_options sleep_at_once() { return compcntr::wait_options{.spin = 0ns}; }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("tracker: the baseline is the counter's value + errors at creation") {
   auto dev = open_soft();

@@ -328,7 +328,7 @@ void op_close(FuzzedDataProvider& in, state& s) {
   if (live) FUZZ_RC("close_device", compcntr_close_device(devices[d].dev), EBUSY);
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (!devices[0].dev) {

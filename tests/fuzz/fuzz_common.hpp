@@ -223,6 +223,6 @@ inline std::uint32_t maybe_striped(FuzzedDataProvider& in, compcntr_comp_cntr_in
   return a.stripes;
 }
 
-}  // namespace fuzz
+} // namespace fuzz
 
 #endif

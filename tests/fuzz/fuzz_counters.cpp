@@ -428,7 +428,7 @@ void op_device(FuzzedDataProvider& in, state& s) {
   }
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (!devices[0].dev) {

@@ -690,7 +690,7 @@ void op_misc(FuzzedDataProvider& in, state& s) {
   }
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static std::uint8_t* buffers[2];

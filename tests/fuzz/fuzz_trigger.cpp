@@ -333,7 +333,7 @@ void op_destroy_counter(FuzzedDataProvider& in, state& s) {
   s.c[i].live = false;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (!device.dev) device.open(nullptr);

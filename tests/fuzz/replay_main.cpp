@@ -26,7 +26,7 @@ void run_file(const std::filesystem::path& p, std::size_t& n) {
   ++n;
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   std::size_t n = 0;

@@ -186,6 +186,6 @@ bool eventually(Pred&& pred, long max_spins = 20'000'000) {
   return false;
 }
 
-}  // namespace shared_test
+} // namespace shared_test
 
 #endif

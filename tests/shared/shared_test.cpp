@@ -11,8 +11,8 @@
 #include <pwd.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/mman.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,8 +20,8 @@
 #include <sys/syscall.h>
 
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -105,7 +105,7 @@ void become_nobody() {
   CHILD_CHECK(::geteuid() == uid);
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("open_shared_device: names, flags and modes are checked, nothing is created on refusal") {
   seg_name n("args");
@@ -918,7 +918,7 @@ compcntr_comp_cntr* child_resolve(compcntr_device* cd, const compcntr_counter_id
   return r;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("shared fds: a threshold-armed fd is readable exactly when another process reaches it") {
   seg_name n("fdthr");

@@ -5,11 +5,11 @@
 #ifndef COMPCNTR_TESTS_BLOCKED_HPP
 #define COMPCNTR_TESTS_BLOCKED_HPP
 
+#include <sys/types.h>
 #include <atomic>
 #include <chrono>
 #include <fstream>
 #include <string>
-#include <sys/types.h>
 #include <thread>
 
 inline char thread_state(pid_t tid) {

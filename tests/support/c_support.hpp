@@ -4,9 +4,9 @@
 #ifndef COMPCNTR_TESTS_C_SUPPORT_HPP
 #define COMPCNTR_TESTS_C_SUPPORT_HPP
 
-#include <string>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <string>
 
 namespace c_support {
 
@@ -23,6 +23,6 @@ inline compcntr_comp_cntr* make_cc(compcntr_device* dev,
   return cc;
 }
 
-}  // namespace c_support
+} // namespace c_support
 
 #endif

@@ -86,7 +86,7 @@ inline compcntr::device open(std::shared_ptr<stats> st) {
   return dev;
 }
 
-}  // namespace fake
+} // namespace fake
 
 /// Waits (without sleeping for synchronisation: this only guards against hangs) until pred().
 template <class Pred>

@@ -108,6 +108,6 @@ inline compcntr::verbs_qp_options on(fake_cq& send, fake_cq* recv = nullptr) {
 
 inline std::uint32_t bits(attach_op a) { return static_cast<std::uint32_t>(a); }
 
-}  // namespace fake_verbs
+} // namespace fake_verbs
 
 #endif

@@ -113,6 +113,6 @@ struct pair {
   }
 };
 
-}  // namespace qpt
+} // namespace qpt
 
 #endif

@@ -25,6 +25,6 @@ inline compcntr::counter make_counter(compcntr::device& dev,
   return c;
 }
 
-}  // namespace test_support
+} // namespace test_support
 
 #endif

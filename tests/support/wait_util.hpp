@@ -3,9 +3,9 @@
 #ifndef COMPCNTR_TESTS_WAIT_UTIL_HPP
 #define COMPCNTR_TESTS_WAIT_UTIL_HPP
 
+#include <sched.h>
 #include <chrono>
 #include <ctime>
-#include <sched.h>
 
 namespace test_util {
 
@@ -35,6 +35,6 @@ inline double ms(std::chrono::nanoseconds d) {
   return std::chrono::duration<double, std::milli>(d).count();
 }
 
-}  // namespace test_util
+} // namespace test_util
 
 #endif

@@ -10,8 +10,8 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
-#include <rdma/fi_errno.h>
 #include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 #include <rdma/fi_trigger.h>
@@ -223,6 +223,6 @@ class pair {
   std::deque<fi_triggered_context> tctxs_;
 };
 
-}  // namespace fipair
+} // namespace fipair
 
 #endif

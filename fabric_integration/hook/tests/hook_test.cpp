@@ -123,7 +123,7 @@ void thread_cpu_ns(std::uint64_t* self, std::uint64_t* others) {
   ::closedir(d);
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("counters count every operation, with no CQ entry (FI_SELECTIVE_COMPLETION)") {
   for (const std::string& prov : providers()) {

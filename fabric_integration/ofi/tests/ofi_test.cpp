@@ -26,7 +26,7 @@ std::unique_ptr<pair> open_or_fail(const std::function<int(pair&)>& setup = {}) 
   return p;
 }
 
-}  // namespace
+} // namespace
 
 // A C application may store any int in fi_triggered_context's event_type and fi_deferred_work's
 // op_type. The layer read them as the C++ enums, undefined for a value outside their range

@@ -6,10 +6,10 @@
 module;
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,7 +54,7 @@ void flock_retry(int fd, int op) noexcept {
   }
 }
 
-}  // namespace
+} // namespace
 
 std::error_code shared_segment::attach_map(std::size_t bytes) noexcept {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

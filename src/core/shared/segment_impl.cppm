@@ -146,4 +146,4 @@ bool proc_alive(std::uint64_t w) noexcept;
 /// This process's process table entry.
 std::uint64_t self_word() noexcept;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

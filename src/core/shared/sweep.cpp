@@ -24,7 +24,7 @@ namespace {
 
 constexpr std::uint64_t start_mask = (std::uint64_t{1} << (64 - shm::start_shift)) - 1;
 
-}  // namespace
+} // namespace
 
 // Field 22 (start time) of /proc/<pid>/stat; false if the process does not exist or is a zombie
 // (dead, not yet reaped: it holds nothing any more). The command name (field 2) may contain

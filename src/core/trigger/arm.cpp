@@ -32,7 +32,7 @@ trigger_list* ensure_list(slot& s) noexcept {
   return l;
 }
 
-}  // namespace
+} // namespace
 
 trigger_node* arm_trigger(slot& s, std::uint64_t threshold, trigger_action fn, void* ctx,
                           void (*dispose)(void*), std::uint32_t mode, slot* target,

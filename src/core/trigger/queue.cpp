@@ -25,7 +25,7 @@ namespace {
 // call): a deferred action that calls run_device_triggers runs nothing nested.
 thread_local bool tl_in_progress = false;
 
-}  // namespace
+} // namespace
 
 trigger_queue* ensure_queue(device_core& dev) noexcept {
   if (trigger_queue* q = find_queue(dev)) return q;
@@ -62,7 +62,7 @@ bool run_one(trigger_queue& q) noexcept {
   return true;
 }
 
-}  // namespace
+} // namespace
 
 void trigger_queue::serve() noexcept {
   tl_in_progress = true;

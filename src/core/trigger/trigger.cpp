@@ -30,7 +30,7 @@ thread_local const trigger_node* tl_running_node = nullptr;
 thread_local unsigned tl_depth = 0; // > 0 while inside fire_list (chains)
 thread_local trigger_list* tl_pending = nullptr; // counters updated inside actions
 
-}  // namespace
+} // namespace
 
 void run_action(trigger_list& l, trigger_node& n, int status) noexcept {
   trigger_list* const saved = tl_running;

@@ -7,6 +7,8 @@
 // count): the updates before that come here, re-read the condition and the values, and leave
 // (~55 instructions more than an unwatched update; no RMW, no syscall).
 module;
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -14,8 +16,6 @@ module;
 #include <mutex>
 #include <new>
 #include <system_error>
-#include <sys/eventfd.h>
-#include <unistd.h>
 #include "core/wait/futex.hpp"
 module compcntr;
 
@@ -61,7 +61,7 @@ slot_ext* ensure_ext(slot& s) noexcept {
   return e;
 }
 
-}  // namespace
+} // namespace
 
 bool register_poller(poll_link& l) noexcept {
   slot_ext* e = ensure_ext(*l.s);
@@ -137,7 +137,7 @@ void drain_fd(slot_ext& e, int fd) noexcept {
   }
 }
 
-}  // namespace
+} // namespace
 
 void notify_ext(slot& s, std::uint32_t w) noexcept {
   slot_ext* e = s.ext.load(std::memory_order_acquire);

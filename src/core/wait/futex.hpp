@@ -4,14 +4,14 @@
 #ifndef COMPCNTR_SRC_WAIT_FUTEX_HPP
 #define COMPCNTR_SRC_WAIT_FUTEX_HPP
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
 #include <ctime>
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 namespace compcntr::futex {
 
@@ -60,6 +60,6 @@ inline void wake_shared(std::atomic<std::uint32_t>& word, int n = INT_MAX) noexc
   ::syscall(SYS_futex, addr(word), FUTEX_WAKE, n, nullptr, nullptr, 0);
 }
 
-}  // namespace compcntr::futex
+} // namespace compcntr::futex
 
 #endif

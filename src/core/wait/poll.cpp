@@ -31,7 +31,7 @@ struct poll_entry {
 };
 constexpr std::size_t small_poll = 32;
 
-}  // namespace
+} // namespace
 
 poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
                        std::int64_t timeout_ms, const wait_options& o) noexcept {

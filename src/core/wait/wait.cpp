@@ -84,7 +84,7 @@ outcome shared_sleep(const slot& s, Test& test, nanoseconds rel) noexcept {
   return r;
 }
 
-}  // namespace
+} // namespace
 
 std::errc wait_on_empty() noexcept {
   return std::errc(fail(EINVAL, "wait: the counter is empty (moved from or destroyed)").value());

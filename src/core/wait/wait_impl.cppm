@@ -173,4 +173,4 @@ inline bool slot_needs_progress(const slot& s) noexcept {
   return hardware_backed(s) || !s.owner->progress_sources().empty();
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

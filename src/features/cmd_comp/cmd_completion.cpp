@@ -1,14 +1,14 @@
 // compcntr::cmd_completion: argument checks, batching of issues, and the blocking rules of get
 // (the fd's own O_NONBLOCK flag, read at call time) over any cmd_comp_core.
 module;
+#include <fcntl.h>
+#include <poll.h>
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <fcntl.h>
-#include <poll.h>
 #include <span>
 #include <system_error>
 module compcntr;
@@ -63,7 +63,7 @@ bool wait_readable(const detail::cmd_comp_core& core, const char* call,
   return true;
 }
 
-}  // namespace
+} // namespace
 
 cmd_completion cmd_completion::create(const device& dev, std::error_code& ec) noexcept {
   if (!dev) {
@@ -188,4 +188,4 @@ int cmd_completion::get_raw(void* buf, std::size_t len) noexcept {
   }
 }
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -4,6 +4,10 @@
 // get, destroy) (compcntr:cmd_comp). Design and class definitions: src/features/cmd_comp/engine.hpp, included by
 // this unit only (module-attached classes must be defined in one unit of the module).
 module;
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -14,13 +18,9 @@ module;
 #include <cstring>
 #include <mutex>
 #include <new>
-#include <pthread.h>
 #include <span>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <system_error>
 #include <thread>
-#include <unistd.h>
 #include "core/tagged_index_stack.hpp"
 #include "core/wait/futex.hpp"
 module compcntr;

@@ -196,4 +196,4 @@ void mirror_refresher::reset() noexcept {
   delete st;
 }
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -113,7 +113,7 @@ std::errc inconsistent(const char* call, std::uint32_t peer, std::uint64_t issue
                        .value());
 }
 
-}  // namespace
+} // namespace
 
 std::errc credit_tracker::bad_request(const char* call, std::uint32_t peer,
                                       std::uint64_t n) const noexcept {

@@ -31,6 +31,6 @@ void* soft_memory_resolve(soft_memory& m, std::uint32_t key, bool remote, std::u
 /// A new software loopback QP in RESET (soft_qp.cpp).
 qp_impl* make_soft_qp(device_core& dev, soft_memory& mem, std::error_code& ec) noexcept;
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail
 
 #endif

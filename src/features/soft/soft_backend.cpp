@@ -37,7 +37,7 @@ class soft_backend final : public backend, public qp_capability {
  private:
   soft_memory* mem_;  ///< the device's memory registrations (soft_memory.cpp)
 };
-}  // namespace
+} // namespace
 
 std::unique_ptr<backend> make_soft_backend() noexcept {
   soft_memory* mem = make_soft_memory();
@@ -47,4 +47,4 @@ std::unique_ptr<backend> make_soft_backend() noexcept {
   return std::unique_ptr<backend>(be);
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -372,7 +372,7 @@ std::error_code soft_qp::rdma(attach_op op, void* local_addr, std::size_t len, s
   return {};
 }
 
-}  // namespace
+} // namespace
 
 qp_impl* make_soft_qp(device_core& dev, soft_memory& mem, std::error_code& ec) noexcept {
   // The memory first, then the object: a std::bad_alloc from the queues' construction (issue
@@ -399,4 +399,4 @@ qp_impl* make_soft_qp(device_core& dev, soft_memory& mem, std::error_code& ec) n
   }
 }
 
-}  // namespace compcntr::detail
+} // namespace compcntr::detail

@@ -41,7 +41,7 @@ class budget {
   clock::time_point end_{};
 };
 
-}  // namespace
+} // namespace
 
 completion_tracker completion_tracker::create(const device& dev, counter_view c,
                                               std::error_code& ec) noexcept {
@@ -135,4 +135,4 @@ std::errc completion_tracker::quiet_slow(std::uint64_t target, std::uint64_t v, 
   }
 }
 
-}  // namespace compcntr
+} // namespace compcntr

@@ -12,7 +12,6 @@
 // out_data is in use. Here each DEVX query has 32 bytes of out_data, so the kernel admits 32,768
 // of them; host-memory counters keep the engine's own 65,536 bound.
 module;
-#include "compcntr_config.h"
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -23,6 +22,7 @@ module;
 #include <span>
 #include <system_error>
 #include <vector>
+#include "compcntr_config.h"
 #if COMPCNTR_HAVE_MLX5_DEVX
 #include <endian.h>
 #include <fcntl.h>

@@ -14,7 +14,6 @@
 // The device never makes QPs or memory registrations itself (create_qp / reg_mr: ENOTSUP): the
 // application brings its own ibv_qp (compcntr::device::wrap_verbs_qp).
 module;
-#include "compcntr_config.h"
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -28,6 +27,7 @@ module;
 #include <string_view>
 #include <system_error>
 #include <vector>
+#include "compcntr_config.h"
 #if COMPCNTR_HAVE_VERBS
 #include <infiniband/verbs.h>
 #endif

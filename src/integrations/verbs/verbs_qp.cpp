@@ -30,7 +30,6 @@
 //     device), and a CQ is drained by one device (wrapping a QP whose CQ another device drains
 //     is EBUSY), so one thread at a time polls it under that device's registry lock.
 module;
-#include "compcntr_config.h"
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -43,6 +42,7 @@ module;
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+#include "compcntr_config.h"
 #if COMPCNTR_HAVE_VERBS
 #include <infiniband/verbs.h>
 #endif

@@ -99,7 +99,7 @@ std::uint64_t traffic(env& e, int n, Pump pump) {
   return total;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("open: argument checks") {
   errno = 0;

@@ -66,7 +66,7 @@ std::unique_ptr<fabtest::env> any_provider(bool provider_counters) {
   return nullptr;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("an adapter counter is a real fid_cntr served by a compcntr counter") {
   soft s;

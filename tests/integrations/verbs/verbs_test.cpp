@@ -11,12 +11,12 @@
 #endif
 
 #include <atomic>
-#include <chrono>
-#include <span>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -38,7 +38,7 @@ using namespace fake_verbs;
 
 namespace {
 std::string msg() { return std::string(compcntr::last_error_message()); }
-}  // namespace
+} // namespace
 
 TEST_CASE("verbs devices: none here, every name is ENODEV with a message, auto is soft") {
   std::error_code ec;

@@ -12,8 +12,8 @@
 #ifndef COMPCNTR_TESTS_RDMA_CORE65_DECLS_H
 #define COMPCNTR_TESTS_RDMA_CORE65_DECLS_H
 
-#include <infiniband/verbs.h>
 #include <infiniband/efadv.h>
+#include <infiniband/verbs.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
