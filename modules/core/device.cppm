@@ -150,6 +150,6 @@ class device {
 /// device::progress() of the device that feeds `c`: the entry point for waiters and pollers
 /// that must drive emulated completions while they spin. 0 and cheap when that device needs no
 /// progress. `c` must not be empty.
-inline std::size_t progress(counter_view c) noexcept { return c.native_slot()->owner->progress(); }
+inline std::size_t progress(counter_view c) noexcept { return c.native_slot()->dev->progress(); }
 
 } // namespace compcntr

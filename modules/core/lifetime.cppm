@@ -70,8 +70,8 @@ template <class T, class V>
 /// The values are stored; the other fields only if a previous owner left them changed (the
 /// free path leaves them reset but for pins_dead, a hook bit or a native backend's pointer):
 /// every store sits in the store buffer until the next locked instruction drains it, so a
-/// field already clean costs a load instead (bench P7, one at a time). `owner` and `type` are
-/// the creating device's to set (a pool serves one device, so `owner` rarely changes).
+/// field already clean costs a load instead (bench P7, one at a time). `dev` and `type` are
+/// the creating device's to set (a pool serves one device, so `dev` rarely changes).
 inline void reset_slot(slot& s) noexcept {
   s.value.store(0, std::memory_order_relaxed);
   s.errors.store(0, std::memory_order_relaxed);

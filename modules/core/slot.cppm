@@ -162,7 +162,8 @@ struct alignas(false_sharing_range) slot {
   /// and 127 of this word (bench P12: 4 loads per read instead of 5). 0: a plain counter. Read
   /// by every read (value()/errors() sum the stripes when it is set); stripe_array() untags it.
   std::uintptr_t stripes = 0;
-  detail::device_core* owner = nullptr; ///< device whose counter this is
+  detail::device_core* dev =
+      nullptr; ///< the device whose counter this is (its pool holds the slot)
   std::uint32_t index = 0; ///< position in the pool, fixed for the slot's life
   /// OS index of the NUMA node the pool assigned this slot's arena to, fixed for the slot's
   /// life (memory really lives there when slot_pool::memory_bound()).

@@ -104,7 +104,7 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
     detail::slot* s = core->pool().allocate(opts.numa_node, ec);
     if (!s) [[unlikely]]
       return {};
-    detail::reset_field(s->owner, core);  // the pool is this device's: set once per slot
+    detail::reset_field(s->dev, core);  // the pool is this device's: set once per slot
     detail::reset_field(s->type, opts.type);
     ec.assign(0, detail::system_category_cached());  // ec.clear() without the library call
     return counter(s);
@@ -135,7 +135,7 @@ counter device::create_counter(const counter_options& opts, std::error_code& ec)
   // The pool validates the node (EINVAL) and the capacity (ENOMEM), changing nothing on failure.
   detail::slot* s = core_->pool().allocate(opts.numa_node, ec);
   if (!s) return {};
-  detail::reset_field(s->owner, core_);  // the pool is this device's: set once per slot
+  detail::reset_field(s->dev, core_);  // the pool is this device's: set once per slot
   detail::reset_field(s->type, opts.type);
   // The slot is a live counter now, holding the device through the pool's live count (no
   // reference of its own: device_core::retain). A failed bind gives it back the way a destroyed

@@ -16,7 +16,7 @@ namespace {
 // live count is part of the device's reference count: device_core::retain). Runs exactly
 // once per counter, in whichever thread drops the last hold.
 void finish_counter_slot(slot& s) noexcept {
-  device_core* dev = s.owner;
+  device_core* dev = s.dev;
   if (s.striped()) free_stripes(s);  // hw back to nullptr, as the backend bound it
   if (dev->binds_counters()) dev->be().unbind_counter(s);
   free_slot_ext(s);  // the counter's fd and poll registrations block (compcntr:wait)

@@ -260,7 +260,7 @@ slot* resolve_shared_slot(device_core& dev, counter_id id, std::error_code& ec) 
   // A new local slot (before taking the cell: a refused allocation changes nothing).
   slot* s = dev.pool().allocate(-1, ec);
   if (s == nullptr) return nullptr;
-  reset_field(s->owner, &dev);
+  reset_field(s->dev, &dev);
   auto undo = [&](slot* res) {
     unref_counter_slot(*s); // never bound: straight back to the pool
     return res;

@@ -56,7 +56,7 @@ trigger_node* arm_trigger(slot& s, std::uint64_t threshold, trigger_action fn, v
       return nullptr;
     }
   trigger_queue* q = nullptr;
-  if (mode == trigger_deferred && (q = ensure_queue(*s.owner)) == nullptr)
+  if (mode == trigger_deferred && (q = ensure_queue(*s.dev)) == nullptr)
     return refuse(ENOMEM, "out of memory for the device's deferred queue");
   trigger_list* l = ensure_list(s);
   if (l == nullptr) return refuse(ENOMEM, "out of memory for the counter's trigger list");

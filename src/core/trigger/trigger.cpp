@@ -254,13 +254,13 @@ int destroy_trigger(trigger_node* n) noexcept {
 std::size_t flush_slot_triggers(slot& s) noexcept {
   trigger_list* l = list_of(s);
   if (l == nullptr) return 0;
-  return cancel_all(*l, find_queue(*s.owner), false);
+  return cancel_all(*l, find_queue(*s.dev), false);
 }
 
 void end_slot_triggers(slot& s) noexcept {
   trigger_list* l = list_of(s);
   if (l == nullptr) return;
-  cancel_all(*l, find_queue(*s.owner), true);
+  cancel_all(*l, find_queue(*s.dev), true);
   // Nothing of this counter runs after its destroy returns: wait for its running actions (but
   // for one this thread is inside of: the destroy came from it).
   const std::uint32_t self = tl_running == l ? 1 : 0;

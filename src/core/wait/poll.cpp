@@ -46,7 +46,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
       return {std::errc(fail(EINVAL, "poll: counter %zu is NULL or empty", i).value()), 0};
     // A shared counter's updates in other processes do not reach this process's poll
     // registrations: sleep in slices (1 ms), as for a hardware-backed counter.
-    any_hw |= hardware_backed(*s) || !s->owner->progress_sources().empty() || is_shared(*s);
+    any_hw |= hardware_backed(*s) || !s->dev->progress_sources().empty() || is_shared(*s);
   }
   const std::size_t start = poll_cursor % n;
 
@@ -88,7 +88,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
     if (any_hw)
       for (std::size_t i = 0; i < n; ++i) {
         // Each device's progress sources once per check (consecutive counters usually share one).
-        if (i == 0 || e[i].s->owner != e[i - 1].s->owner) e[i].s->owner->progress();
+        if (i == 0 || e[i].s->dev != e[i - 1].s->dev) e[i].s->dev->progress();
         if (e[i].s->hw != nullptr && e[i].s->hw->refresh != nullptr) e[i].s->hw->refresh(*e[i].s);
       }
     return test();

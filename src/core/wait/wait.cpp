@@ -109,7 +109,7 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   // from there (at most ~0.5 us later, never earlier: a timed-out wait still lasted >= timeout).
   // Checks as test(): seq_cst loads, value first, so a reached threshold wins over an error.
   if (o.spin > nanoseconds::zero() && timeout_ms != 0 && o.hook == nullptr && s.hw == nullptr &&
-      base == 0 && mask == ~std::uint64_t{0} && s.owner->progress_sources().empty()) [[likely]] {
+      base == 0 && mask == ~std::uint64_t{0} && s.dev->progress_sources().empty()) [[likely]] {
     if (s.value.load(std::memory_order_seq_cst) >= need) return std::errc{};
     if (s.errors.load(std::memory_order_seq_cst) != err0) return std::errc::io_error;
     if (const outcome r = hot_block<true>(s.value, s.errors, 0, ~std::uint64_t{0}, need, err0);
@@ -124,7 +124,7 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   };
   // The device's own progress sources (emulated verbs CQs) are driven like a hook: a waiter on
   // a counter fed by a wrapped ibv_qp needs no hook of its own. One relaxed load when none.
-  device_core& dev = *s.owner;
+  device_core& dev = *s.dev;
   const bool shared = is_shared(s);
   auto check = [&]() noexcept -> outcome {
     if (o.hook) o.hook(o.hook_ctx);

@@ -170,7 +170,7 @@ inline bool hardware_backed(const slot& s) noexcept { return s.hw != nullptr && 
 // the waiter registered (seq_cst RMW on watch): pairs with slot::kick()'s fence, so either
 // this sees a source added before the kick or the kick sees the registration.
 inline bool slot_needs_progress(const slot& s) noexcept {
-  return hardware_backed(s) || !s.owner->progress_sources().empty();
+  return hardware_backed(s) || !s.dev->progress_sources().empty();
 }
 
 } // namespace compcntr::detail

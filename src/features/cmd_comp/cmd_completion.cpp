@@ -101,7 +101,7 @@ std::size_t cmd_completion::query(std::span<const query_request> reqs,
     for (; m < issue_chunk && done + m < reqs.size(); ++m) {
       const query_request& r = reqs[done + m];
       detail::slot* s = r.c.native_slot();
-      if (s == nullptr || s->owner != &core_->device()) {
+      if (s == nullptr || s->dev != &core_->device()) {
         bad = done + m;
         break;
       }

@@ -118,7 +118,7 @@ mirror_refresher mirror_refresher::create(const device& dev, std::error_code& ec
 std::error_code mirror_refresher::watch(counter_view c) noexcept {
   if (!c) return detail::fail(EINVAL, "mirror_refresher::watch: the counter is empty");
   detail::slot* s = c.native_slot();
-  if (s->owner != &st_->cmd.core()->device())
+  if (s->dev != &st_->cmd.core()->device())
     return detail::fail(EINVAL, "mirror_refresher::watch: counter %u belongs to another device",
                         s->index);
   if (s->hw == nullptr || s->striped())

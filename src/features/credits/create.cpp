@@ -140,7 +140,7 @@ bool adopt_views(const device& dev, std::size_t n, At at, std::uint64_t credits_
       detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu is null or empty", i);
       return false;
     }
-    if (c.native_slot()->owner != dev.core()) {
+    if (c.native_slot()->dev != dev.core()) {
       // Its range may differ from the mask computed from dev, and waits on it would not drive
       // dev's progress sources: refused, as completion_tracker::create and the C adopt do.
       detail::fail_into(ec, EINVAL, "credits_adopt: counter %zu belongs to another device", i);

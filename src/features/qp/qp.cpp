@@ -48,7 +48,7 @@ std::error_code qp_impl::attach(slot& s, const attach_options& o) noexcept {
         "qp_attach_comp_cntr: op bit(s) 0x%x not supported on QP %u (supported_qp_attach_ops"
         " 0x%x)",
         bad, qp_num_, supported);
-  if (s.owner != dev_)
+  if (s.dev != dev_)
     return fail(EINVAL, "qp_attach_comp_cntr: counter %u belongs to another device than QP %u",
                 s.index, qp_num_);
 

@@ -51,7 +51,7 @@ completion_tracker completion_tracker::create(const device& dev, counter_view c,
   if (!c)
     return fail_into(ec, EINVAL, "tracker_create: the counter is empty (moved from or destroyed)"),
            completion_tracker{};
-  if (c.native_slot()->owner != dev.core())
+  if (c.native_slot()->dev != dev.core())
     return fail_into(ec, EINVAL, "tracker_create: counter %u belongs to another device", c.index()),
            completion_tracker{};
   if (c.type() != counter_type::wrs)

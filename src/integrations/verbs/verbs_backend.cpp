@@ -166,7 +166,7 @@ class verbs_backend final : public backend,
       return {};
     }
     s.hw = &native_ops<true>::table;
-    auto lk = s.owner->progress_sources().lock();
+    auto lk = s.dev->progress_sources().lock();
     try {
       mirrors_.slots.push_back(&s);
     } catch (...) {
@@ -175,7 +175,7 @@ class verbs_backend final : public backend,
       return fail(ENOMEM, "create_comp_cntr: out of memory");
     }
     if (mirrors_.slots.size() == 1) {
-      if (auto e = s.owner->progress_sources().add_locked(mirrors_)) {
+      if (auto e = s.dev->progress_sources().add_locked(mirrors_)) {
         mirrors_.slots.clear();
         lk.unlock();
         unbind_counter(s);
@@ -191,9 +191,9 @@ class verbs_backend final : public backend,
 #endif
     if (!s.backend_data) return;
     if (s.hw == &native_ops<true>::table) {
-      auto lk = s.owner->progress_sources().lock();
+      auto lk = s.dev->progress_sources().lock();
       std::erase(mirrors_.slots, &s);
-      if (mirrors_.slots.empty()) s.owner->progress_sources().remove_locked(mirrors_);
+      if (mirrors_.slots.empty()) s.dev->progress_sources().remove_locked(mirrors_);
     }
     compcntr_native::destroy(native_of(s));
     s.backend_data = nullptr;
