@@ -15,10 +15,13 @@
 #include <rdma/providers/fi_log.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <new>
 #include <unordered_set>
+
+#include <sched.h>
 
 namespace compcntr_ofi {
 
@@ -37,6 +40,13 @@ struct cq_st {
   std::deque<entry> q;
   std::deque<error> errs;
   std::vector<std::uint8_t> err_data; // what the last fi_cq_readerr handed out
+  // fi_cq_signal's wake-up, kept by the layer: the provider's sread returns -FI_EAGAIN both
+  // for a signal and for the end of a slice, so the layer's sread cannot tell them apart.
+  std::atomic<bool> signalled{false};
+  // The provider waits by yielding (shm's choice for FI_WAIT_UNSPEC): util's yield wait
+  // ignores the timeout (v1.17.0 util_wait_yield_run returns only on a signal or an entry),
+  // so the layer's sread yields itself between reads instead of calling the provider's.
+  bool yield_wait = false;
 };
 
 namespace {
@@ -110,11 +120,36 @@ bool pull_error(cq_st* s) noexcept {
 }
 
 // Up to `count` entries into buf (and src); the provider read while the CQ's queue runs dry.
+// count 0 is a peek (util's fi_poll reads a CQ so): 0 when an entry for the application is
+// ready, -FI_EAVAIL for an error entry, -FI_EAGAIN for none; the provider's entries read to
+// find out wait in the CQ's queue (the layer's own are taken out as for a read).
 ssize_t take(cq_st* s, void* buf, std::size_t count, fi_addr_t* src) noexcept {
   progress(); // the application's CQ read drives the layer's deferred work
   in_layer g;
   std::lock_guard lk(mu());
   if (!s->errs.empty()) return -FI_EAVAIL;
+  if (count == 0) {
+    const fi_ops_cq* o = orig_cq(s->cq);
+    while (s->q.empty()) {
+      fi_cq_tagged_entry tmp[16];
+      fi_addr_t srcs[16];
+      const ssize_t r = o->readfrom(s->cq, tmp, 16, srcs);
+      if (r == -FI_EAVAIL) {
+        pull_error(s); // or the application's fi_cq_readerr reads it
+        return -FI_EAVAIL;
+      }
+      if (r <= 0) return r == 0 ? -FI_EAGAIN : r;
+      for (ssize_t i = 0; i < r; ++i)
+        if (keep(s, tmp[i], false)) {
+          try {
+            s->q.push_back({tmp[i], srcs[i]});
+          } catch (...) {
+            return -FI_ENOMEM; // lost: the provider's entry was read
+          }
+        }
+    }
+    return 0;
+  }
   auto* out = static_cast<std::uint8_t*>(buf);
   std::size_t n = 0;
   while (n < count && !s->q.empty()) {
@@ -179,7 +214,9 @@ ssize_t cq_readerr(fid_cq* cq, fi_cq_err_entry* buf, std::uint64_t) {
 }
 
 // Blocking reads: the provider's wait in slices, progress and the CQ's queue between them (a
-// due triggered operation is posted by the waiting thread, as a counter wait posts it).
+// due triggered operation is posted by the waiting thread, as a counter wait posts it). As
+// fi_cq(3) and util's sread: -FI_EAGAIN when the timeout passes or fi_cq_signal was called
+// (before or during the read) with nothing to read.
 ssize_t sread_common(fid_cq* cq, void* buf, size_t count, fi_addr_t* src, const void* cond,
                      int timeout) {
   using clock = std::chrono::steady_clock;
@@ -188,12 +225,17 @@ ssize_t sread_common(fid_cq* cq, void* buf, size_t count, fi_addr_t* src, const 
   for (;;) {
     const ssize_t r = take(s, buf, count, src);
     if (r != -FI_EAGAIN) return r;
+    if (s->signalled.exchange(false)) return -FI_EAGAIN;
     int slice = 10;
     if (timeout >= 0) {
       const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
-      if (left <= 0) return -FI_ETIMEDOUT;
+          std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now()).count();
+      if (left <= 0) return -FI_EAGAIN;
       slice = static_cast<int>(std::min<long long>(left, 10));
+    }
+    if (s->yield_wait) {
+      sched_yield();
+      continue;
     }
     // the provider's blocking read for one slice; what it returns is filtered into the queue
     fi_cq_tagged_entry tmp[16];
@@ -217,6 +259,15 @@ ssize_t sread_common(fid_cq* cq, void* buf, size_t count, fi_addr_t* src, const 
     }
   }
 }
+// The layer's flag first: a reader woken by the provider's signal then finds it set.
+int cq_signal(fid_cq* cq) {
+  cq_st* s = st_of(cq);
+  s->signalled.store(true);
+  const int r = orig_cq(cq)->signal(cq);
+  if (r != 0) s->signalled.store(false); // e.g. -FI_ENOSYS: a CQ without a wait object
+  return r;
+}
+
 ssize_t cq_sread(fid_cq* cq, void* buf, size_t count, const void* cond, int timeout) {
   return sread_common(cq, buf, count, nullptr, cond, timeout);
 }
@@ -273,6 +324,7 @@ int cq_open(fid_domain* d, fi_cq_attr* attr, fid_cq** cq, void* context,
     return r;
   }
   s->cq = *cq;
+  s->yield_wait = a.wait_obj == FI_WAIT_YIELD; // asked for, or the provider's choice (shm)
   s->app_size = entry_size(attr->format);
   s->dom = ds;
   std::memset(&t->ops, 0, sizeof t->ops);
@@ -284,6 +336,7 @@ int cq_open(fid_domain* d, fi_cq_attr* attr, fid_cq** cq, void* context,
   t->ops.readerr = cq_readerr;
   t->ops.sread = cq_sread;
   t->ops.sreadfrom = cq_sreadfrom;
+  t->ops.signal = cq_signal;
   std::memset(&ft->ops, 0, sizeof ft->ops);
   std::memcpy(&ft->ops, (*cq)->fid.ops, std::min(sizeof ft->ops, (*cq)->fid.ops->size));
   ft->orig = (*cq)->fid.ops;

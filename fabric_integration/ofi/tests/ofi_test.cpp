@@ -6,7 +6,10 @@
 #include <compcntr/fabric.h>
 #include <compcntr/trigger.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "fi_pair.hpp"
 
@@ -14,9 +17,9 @@ using namespace fipair;
 
 namespace {
 
-constexpr const char* prov = "shm;ofi_compcntr";
+constexpr const char* shm_prov = "shm;ofi_compcntr";
 
-std::unique_ptr<pair> open_or_fail(const std::function<int(pair&)>& setup = {}) {
+std::unique_ptr<pair> open_or_fail(const char* prov, const std::function<int(pair&)>& setup = {}) {
   options o;
   o.trigger = true;
   std::string why;
@@ -24,6 +27,18 @@ std::unique_ptr<pair> open_or_fail(const std::function<int(pair&)>& setup = {}) 
   REQUIRE_MESSAGE(p != nullptr, prov << ": " << why);
   REQUIRE(std::strstr(p->info->fabric_attr->prov_name, "ofi_compcntr") != nullptr);
   return p;
+}
+std::unique_ptr<pair> open_or_fail(const std::function<int(pair&)>& setup = {}) {
+  return open_or_fail(shm_prov, setup);
+}
+
+// The layer's CQ paths differ with the provider below: util's CQ under rxm, shm's own.
+constexpr const char* cq_provs[] = {"shm;ofi_compcntr", "tcp;ofi_rxm;ofi_compcntr"};
+
+long long ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               t0)
+      .count();
 }
 
 } // namespace
@@ -218,4 +233,90 @@ TEST_CASE("the layer's shm entry uses offset addressing: a write to remote addre
   CHECK(fi_cntr_readerr(wr) == 0);
   // shm without fast RMA: the target's progress copies the data in (until() drives both CQs)
   CHECK(p->until([&] { return std::memcmp(p->b.buf, "offset zero", 12) == 0; }));
+}
+
+// runfabtests' fi_cq_test (cq_signal) through "tcp;ofi_rxm;ofi_compcntr": fi_cq_sread after
+// fi_cq_signal returned -FI_ETIMEDOUT after its whole timeout. The provider's sread returns
+// -FI_EAGAIN both for the signal and for the end of the layer's 10 ms slice, so the layer
+// slept on; and at its timeout it said -FI_ETIMEDOUT where fi_cq(3) and util say -FI_EAGAIN.
+// The layer keeps the signal itself now (cq.cpp, cq_signal).
+TEST_CASE("fi_cq_signal ends the layer's fi_cq_sread at once with -FI_EAGAIN; a timeout too") {
+  for (const char* prov : cq_provs) {
+    CAPTURE(prov);
+    auto p = open_or_fail(prov);
+    fi_cq_attr a{};
+    a.format = FI_CQ_FORMAT_CONTEXT;
+    a.size = 16;
+    a.wait_obj = FI_WAIT_UNSPEC;
+    fid_cq* cq = nullptr;
+    REQUIRE(fi_cq_open(p->domain, &a, &cq, nullptr) == 0);
+    fi_cq_entry e{};
+    // A signal before the read: the read returns without sleeping (20 s would be its timeout).
+    REQUIRE(fi_cq_signal(cq) == 0);
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK(fi_cq_sread(cq, &e, 1, nullptr, 20000) == -FI_EAGAIN);
+    CHECK(ms_since(t0) < 10000);
+    // The signal is used up: the next read runs to its timeout, which is -FI_EAGAIN as well.
+    t0 = std::chrono::steady_clock::now();
+    CHECK(fi_cq_sread(cq, &e, 1, nullptr, 40) == -FI_EAGAIN);
+    CHECK(ms_since(t0) >= 40);
+    // A signal from another thread, before or while the read sleeps (either order): 20 rounds.
+    for (int i = 0; i < 20; ++i) {
+      std::atomic<bool> go{false};
+      std::thread t([&] {
+        while (!go.load()) std::this_thread::yield();
+        CHECK(fi_cq_signal(cq) == 0);
+      });
+      t0 = std::chrono::steady_clock::now();
+      go.store(true);
+      const ssize_t r = fi_cq_sread(cq, &e, 1, nullptr, 20000);
+      t.join();
+      CHECK(r == -FI_EAGAIN);
+      CHECK(ms_since(t0) < 10000);
+      // a signal that came after the read returned is still pending: consume it
+      (void)fi_cq_sread(cq, &e, 1, nullptr, 0);
+    }
+    CHECK(fi_close(&cq->fid) == 0);
+  }
+}
+
+// runfabtests' fi_poll -t queue through "tcp;ofi_rxm;ofi_compcntr": util's fi_poll asks each
+// CQ with fi_cq_read(cq, NULL, 0) whether it holds an entry, and the layer answered -FI_EAGAIN
+// to every read of count 0, so the poll set never reported the CQ. A read of count 0 is a peek
+// now: 0 with an entry ready (it stays readable), -FI_EAGAIN without.
+TEST_CASE("fi_poll and fi_cq_read of count 0 see the layer's CQ entries without taking them") {
+  for (const char* prov : cq_provs) {
+    CAPTURE(prov);
+    auto p = open_or_fail(prov);
+    CHECK(fi_cq_read(p->b.cq, nullptr, 0) == -FI_EAGAIN);
+    fid_poll* ps = nullptr;
+    fi_poll_attr pa{};
+    REQUIRE(fi_poll_open(p->domain, &pa, &ps) == 0);
+    REQUIRE(fi_poll_add(ps, &p->b.cq->fid, 0) == 0);
+    void* ctxs[4] = {};
+    CHECK(fi_poll(ps, ctxs, 4) == 0);
+    fi_context* rctx = p->ctx();
+    REQUIRE(p->post([&] { return fi_recv(p->b.ep, p->b.buf, 64, p->b.desc, 0, rctx); }) == 0);
+    std::memcpy(p->a.buf, "polled", 7);
+    REQUIRE(p->post([&] {
+      return fi_send(p->a.ep, p->a.buf, 7, p->a.desc, p->b.addr, p->ctx());
+    }) == 0);
+    int n = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while ((n = fi_poll(ps, ctxs, 4)) == 0 && ms_since(t0) < 10000) {
+      fi_cq_data_entry tx[4];
+      (void)fi_cq_read(p->a.cq, tx, 4); // the sender's progress (its entries are not needed)
+    }
+    CHECK(n == 1);
+    CHECK(fi_cq_read(p->b.cq, nullptr, 0) == 0); // a peek takes nothing
+    fi_cq_data_entry e{};
+    REQUIRE(fi_cq_read(p->b.cq, &e, 1) == 1);
+    CHECK(e.op_context == rctx);
+    CHECK(e.len == 7);
+    CHECK(std::memcmp(p->b.buf, "polled", 7) == 0);
+    CHECK(fi_cq_read(p->b.cq, nullptr, 0) == -FI_EAGAIN);
+    CHECK(fi_poll(ps, ctxs, 4) == 0);
+    CHECK(fi_poll_del(ps, &p->b.cq->fid, 0) == 0);
+    CHECK(fi_close(&ps->fid) == 0);
+  }
 }
