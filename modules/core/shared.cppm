@@ -65,11 +65,25 @@ void notify_shared(slot& s) noexcept;
 /// The node-wide id of a shared counter: {generation of its cell, cell index}.
 counter_id shared_counter_id(const slot& s) noexcept;
 
-/// The futex word and sleeper count a waiter on `s` uses (in the segment).
+/// The futex word and sleeper count a waiter on `s` uses (in the segment), and this process's
+/// share of the count.
 struct shared_wait_words {
   std::atomic<std::uint32_t>* word;
   std::atomic<std::uint32_t>* sleepers;
+  std::atomic<std::uint32_t>* share;
 };
+/// A sleeper registers in the segment's count (seq_cst: the Dekker pairing above), then in
+/// this process's share (relaxed: bookkeeping; the sweep reads a dead process's share with an
+/// RMW, which sees the last value), and leaves in the opposite order: a process killed in
+/// between leaves the count above the shares, never below (a needless wake, never a lost one).
+inline void shared_sleeper_enter(const shared_wait_words& w) noexcept {
+  w.sleepers->fetch_add(1, std::memory_order_seq_cst);
+  w.share->fetch_add(1, std::memory_order_relaxed);
+}
+inline void shared_sleeper_leave(const shared_wait_words& w) noexcept {
+  w.share->fetch_sub(1, std::memory_order_relaxed);
+  w.sleepers->fetch_sub(1, std::memory_order_seq_cst);
+}
 shared_wait_words shared_words(const slot& s) noexcept;
 /// Whether the counter's creator died while others held it (a wait then ends with EIO).
 bool shared_creator_died(const slot& s) noexcept;

@@ -125,6 +125,12 @@ struct seg_view {
   shm::cell& cell(std::uint32_t i) const {
     return reinterpret_cast<shm::cell*>(static_cast<char*>(base) + shm::cells_offset())[i];
   }
+  /// The sum of every process entry's share of the sleeper count.
+  std::uint64_t sleeper_shares() const {
+    std::uint64_t n = 0;
+    for (const auto& v : hdr().proc_sleepers) n += v.load(std::memory_order_acquire);
+    return n;
+  }
   /// Cells whose record is not free (held by some process).
   std::uint32_t cells_in_use() const {
     std::uint32_t n = 0;

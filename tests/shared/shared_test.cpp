@@ -1181,9 +1181,10 @@ TEST_CASE("shared fds: a process killed while armed leaves the others working, n
   CHECK(reclaimed == 1);
   CHECK(view.procs_in_use() == 1);
   CHECK(view.cells_in_use() == 1); // its hold on c is gone, c stays
-  // Its watcher's registration stays in the sleeper count (docs/shared.md, NOTES): updates
-  // then pay a FUTEX_WAKE, nothing else.
-  CHECK(view.hdr().sleepers.load() == 1);
+  // Its watcher's registration left the sleeper count with its entry (its share; it stayed
+  // there before per-process shares, and every later update paid a needless FUTEX_WAKE).
+  CHECK(view.hdr().sleepers.load() == 0);
+  CHECK(view.sleeper_shares() == 0);
   // Our fd on c, fed by another process, works as before.
   const int fd = get_fd(c);
   REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 2) == 0);
@@ -1551,6 +1552,53 @@ TEST_CASE("shared triggers: stress (TSan): foreign updates fire triggers re-arme
   foreign.join();
   CHECK(bad == 0);
   ::close(efd);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+// A process killed asleep in a wait left its +1 in the segment's one sleeper count: every update
+// of any process then made a FUTEX_WAKE syscall for nobody, until the segment was re-created.
+// The sweep takes a dead process's share out now; sleepers of live processes stay counted (and
+// are woken as before).
+TEST_CASE("shared waits: a process killed asleep gives its sleeper count back at the sweep") {
+  seg_name n("sleepkill");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  seg_view view(n);
+  REQUIRE(view);
+  channel ready;
+  const pid_t pid = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    compcntr_comp_cntr* r = child_resolve(cd, id);
+    ready.send('r');
+    (void)compcntr_wait_comp_cntr(r, 1000, -1); // killed asleep here
+  });
+  char x = 0;
+  REQUIRE(ready.recv(x));
+  REQUIRE(eventually([&] { return view.hdr().sleepers.load() == 1; }));
+  CHECK(view.sleeper_shares() == 1);
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  CHECK(reap(pid) == 1000 + SIGKILL);
+  // A live sleeper of ours beside the dead one's registration.
+  std::atomic<int> woke{-1};
+  std::thread t([&] { woke.store(compcntr_wait_comp_cntr(c, 5, -1)); });
+  REQUIRE(eventually([&] { return view.hdr().sleepers.load() == 2; }));
+  std::uint32_t reclaimed = 99;
+  CHECK(compcntr_sweep_shared_device(d, &reclaimed) == 0);
+  CHECK(reclaimed == 1);
+  CHECK(view.hdr().sleepers.load() == 1); // ours only
+  CHECK(view.sleeper_shares() == 1);
+  CHECK(woke.load() == -1);
+  CHECK(compcntr_inc_comp_cntr(c, 5) == 0); // still woken through the count
+  t.join();
+  CHECK(woke.load() == 0);
+  CHECK(eventually([&] { return view.hdr().sleepers.load() == 0; }));
+  CHECK(view.sleeper_shares() == 0);
+  // A second sweep finds nothing and takes nothing.
+  CHECK(compcntr_sweep_shared_device(d, &reclaimed) == 0);
+  CHECK(reclaimed == 0);
+  CHECK(view.hdr().sleepers.load() == 0);
   CHECK(compcntr_destroy_comp_cntr(c) == 0);
   CHECK(compcntr_close_device(d) == 0);
 }

@@ -183,8 +183,8 @@ counter_id shared_counter_id(const slot& s) noexcept {
 }
 
 shared_wait_words shared_words(const slot& s) noexcept {
-  shm::header& h = *seg_of(s).hdr;
-  return {&h.wake_seq, &h.sleepers};
+  shared_segment& g = seg_of(s);
+  return {&g.hdr->wake_seq, &g.hdr->sleepers, &g.hdr->proc_sleepers[g.me]};
 }
 
 bool shared_creator_died(const slot& s) noexcept {

@@ -20,7 +20,7 @@
 namespace compcntr::shm {
 
 inline constexpr std::uint64_t magic = 0x31564853524e5443ull;  // "CTNRSHV1", little-endian
-inline constexpr std::uint32_t version = 1;
+inline constexpr std::uint32_t version = 2;  // 2: per-process sleeper shares
 /// Processes that may have the segment open at once (one holder bit each in a cell's ctl word).
 inline constexpr std::uint32_t max_procs = 56;
 /// Counter cells of a segment this library creates.
@@ -66,6 +66,10 @@ struct alignas(128) header {
   alignas(128) std::atomic<std::uint32_t> wake_seq; ///< futex word (non-private FUTEX_WAIT)
   std::atomic<std::uint32_t> sleepers; ///< waiters of every process asleep on wake_seq
   alignas(128) std::atomic<std::uint64_t> procs[shm::max_procs];
+  /// Each process entry's share of `sleepers` (its waiters and fd watcher asleep now), so the
+  /// sweep can take a dead process's share back out (src/core/shared/sweep.cpp). Touched only
+  /// on the way into and out of a sleep.
+  alignas(128) std::atomic<std::uint32_t> proc_sleepers[shm::max_procs];
 };
 
 /// One half of a cell: the layout of compcntr::detail::stripe (checked in the library).

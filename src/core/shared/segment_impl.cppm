@@ -119,6 +119,7 @@ struct shared_segment {
   std::uint32_t watch_scan(std::vector<trigger_list*>& due) noexcept;
   void stop_watcher() noexcept;
   bool reclaim_cell(std::uint32_t i, std::uint32_t dead, bool& woke) noexcept;
+  void take_sleepers(std::uint32_t dead) noexcept;
   bool free_cell(std::uint32_t i, std::uint64_t seen) noexcept;
   void release_cell(std::uint32_t i) noexcept;
   void bind(slot& s, std::uint32_t i) noexcept;

@@ -101,6 +101,20 @@ bool shared_segment::reclaim_cell(std::uint32_t i, std::uint32_t dead, bool& wok
   return true;
 }
 
+// Takes dead process entry `dead`'s share out of the segment's sleeper count (before its entry
+// is freed: a process that takes the entry next starts from 0). exchange: a sweeper that dies
+// after it leaves the count high (a needless wake), and no share is taken out twice. Saturating:
+// a scribbled share cannot wrap the count (a count too low delays a wake by at most the sleep
+// slice, as any scribbled count does).
+void shared_segment::take_sleepers(std::uint32_t dead) noexcept {
+  const std::uint32_t share = hdr->proc_sleepers[dead].exchange(0, std::memory_order_acq_rel);
+  if (share == 0) return;
+  std::uint32_t cur = hdr->sleepers.load(std::memory_order_relaxed);
+  while (!hdr->sleepers.compare_exchange_weak(
+      cur, cur > share ? cur - share : 0, std::memory_order_seq_cst, std::memory_order_relaxed)) {
+  }
+}
+
 // One sweep: under the segment's sweep lock (held by a live process at a time; a dead holder's
 // lock is stolen), every entry of a dead process is reclaimed cell by cell, then freed.
 std::uint32_t shared_segment::sweep() noexcept {
@@ -118,6 +132,7 @@ std::uint32_t shared_segment::sweep() noexcept {
     if (w == 0 || w == my_word || proc_alive(w)) continue;
     ++found;
     for (std::uint32_t i = 0; i < cell_count; ++i) reclaim_cell(i, j, woke);
+    take_sleepers(j);
     std::uint64_t expect = w;
     hdr->procs[j].compare_exchange_strong(expect, 0, std::memory_order_acq_rel);
   }

@@ -41,6 +41,7 @@ void shared_segment::watch_loop() noexcept {
   std::vector<trigger_list*> due; // trigger lists found due by a scan (referenced)
   std::unique_lock lock(watch_mu);
   std::uint32_t armed = 0;
+  const shared_wait_words w{&hdr->wake_seq, &hdr->sleepers, &hdr->proc_sleepers[me]};
   for (;;) {
     if (watch_stop) return;
     if (armed == 0 && !watch_pending) {
@@ -50,7 +51,7 @@ void shared_segment::watch_loop() noexcept {
     watch_pending = false;
     lock.unlock();
     const std::uint32_t seq = hdr->wake_seq.load(std::memory_order_acquire);
-    hdr->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    shared_sleeper_enter(w);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     lock.lock();
     try {
@@ -67,7 +68,7 @@ void shared_segment::watch_loop() noexcept {
     due.clear();
     if (armed != 0 && !again)
       futex::wait_shared(hdr->wake_seq, seq, std::chrono::nanoseconds(shared_sleep_slice));
-    hdr->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    shared_sleeper_leave(w);
     if (armed != 0) sweep_if_due();
     lock.lock();
   }

@@ -68,18 +68,18 @@ outcome shared_check(const slot& s, Test& test) noexcept {
 
 // The sleep of a waiter on a shared counter: the Dekker pairing of compcntr:slot on the
 // segment's words (compcntr:shared, file comment): read the futex word (acquire), register in
-// the segment's sleeper count (seq_cst RMW), re-test (seq_cst loads of the cell), sleep on the
+// the segment's sleeper count (seq_cst RMW; and in this process's share of it), re-test (seq_cst loads of the cell), sleep on the
 // word with a non-private futex, at most shared_sleep_slice; then sweep dead peers if due, so a
 // forever-wait on a counter whose creator died ends (shared_check: EIO).
 template <class Test>
 outcome shared_sleep(const slot& s, Test& test, nanoseconds rel) noexcept {
   const shared_wait_words w = shared_words(s);
   const std::uint32_t seq = w.word->load(std::memory_order_acquire);
-  w.sleepers->fetch_add(1, std::memory_order_seq_cst);
+  shared_sleeper_enter(w);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   const outcome r = shared_check(s, test);
   if (!r.done) futex::wait_shared(*w.word, seq, capped(rel, nanoseconds(shared_sleep_slice), true));
-  w.sleepers->fetch_sub(1, std::memory_order_seq_cst);
+  shared_sleeper_leave(w);
   if (!r.done) shared_sweep_if_due(s);
   return r;
 }
@@ -95,7 +95,7 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   void (*const refresh)(slot&) noexcept = s.hw != nullptr ? s.hw->refresh : nullptr;
   std::uint64_t err0 = g.errors_seen;
   if (g.sample_errors) {
-    if (refresh != nullptr) refresh(s);  // so a stale mirror's catch-up is not "during the wait"
+    if (refresh != nullptr) refresh(s); // so a stale mirror's catch-up is not "during the wait"
     err0 = s.errors_seq_cst();
   }
   const std::uint64_t base = g.base, need = g.need, mask = g.mask;
