@@ -85,6 +85,8 @@ inline void shared_sleeper_leave(const shared_wait_words& w) noexcept {
   w.sleepers->fetch_sub(1, std::memory_order_seq_cst);
 }
 shared_wait_words shared_words(const slot& s) noexcept;
+/// The cell's count of sets (set, set_error: they may change nothing), seq_cst.
+std::uint32_t shared_silent_updates(const slot& s) noexcept;
 /// Whether the counter's creator died while others held it (a wait then ends with EIO).
 bool shared_creator_died(const slot& s) noexcept;
 /// Sweeps dead processes out of the segment unless this process did within the last second.

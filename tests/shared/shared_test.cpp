@@ -994,6 +994,13 @@ TEST_CASE("shared fds: a plain arm hears another process's update; own updates s
     done.send('d');
     CHILD_CHECK(go.recv(x));
     CHILD_CHECK(compcntr_inc_comp_cntr(r, 4) == 0);
+    done.send('d');
+    // Sets that leave the value and the error count as they were are updates too.
+    CHILD_CHECK(go.recv(x));
+    CHILD_CHECK(compcntr_set_comp_cntr(r, 4) == 0);
+    done.send('d');
+    CHILD_CHECK(go.recv(x));
+    CHILD_CHECK(compcntr_set_err_comp_cntr(r, 1) == 0);
     CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
     CHILD_CHECK(compcntr_close_device(cd) == 0);
   });
@@ -1007,9 +1014,22 @@ TEST_CASE("shared fds: a plain arm hears another process's update; own updates s
   REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0);
   CHECK(readable(fd, 50) == 0);
   go.send('g');
+  REQUIRE(done.recv(x));
   CHECK(readable(fd, 10000) == 1);
-  CHECK(reap(pid) == 0);
   CHECK(value(c) == 4);
+  // Another process's set to the same value: heard (the cell's count of sets moved). Before,
+  // the watcher compared only value and errors and this fd stayed unreadable.
+  REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0);
+  CHECK(readable(fd, 0) == 0);
+  go.send('g');
+  REQUIRE(done.recv(x));
+  CHECK(readable(fd, 10000) == 1);
+  REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0);
+  go.send('g');
+  CHECK(reap(pid) == 0);
+  CHECK(readable(fd, 10000) == 1); // set_err to the same error count
+  CHECK(value(c) == 4);
+  CHECK(errors(c) == 1);
   // This process's own update signals inline, as on a private counter.
   REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0);
   CHECK(readable(fd, 0) == 0);

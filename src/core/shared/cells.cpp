@@ -76,17 +76,27 @@ void shared_segment::bind(slot& s, std::uint32_t i) noexcept {
 
 namespace {
 
+// A set bumps the cell's silent_updates (seq_cst, after the value's store and before the
+// notify): it may leave the value as it was, and a plain-armed fd of another process compares
+// the count with its arm's sample (shared_fd_check) as it compares value and errors. Adds do
+// not (slot::hw_add's stripe path; an add of 0 is the one update such an fd does not hear).
+void bump_silent(slot& s) noexcept {
+  shared_segment& g = seg_of(s);
+  g.records[g.cell_of(s)].silent_updates.fetch_add(1, std::memory_order_seq_cst);
+}
 void shared_add(slot& s, std::uint64_t n) noexcept { s.add(n); }
 void shared_add_error(slot& s, std::uint64_t n) noexcept { s.add_error(n); }
 // As a striped counter's set: half 0 = v - half 1, one seq_cst store, then notify.
 void shared_set(slot& s, std::uint64_t v) noexcept {
   stripe* st = s.stripe_array();
   st[0].value.store(v - st[1].value.load(std::memory_order_seq_cst), std::memory_order_seq_cst);
+  bump_silent(s);
   s.notify();
 }
 void shared_set_error(slot& s, std::uint64_t v) noexcept {
   stripe* st = s.stripe_array();
   st[0].errors.store(v - st[1].errors.load(std::memory_order_seq_cst), std::memory_order_seq_cst);
+  bump_silent(s);
   s.notify();
 }
 
@@ -180,6 +190,11 @@ counter_id shared_counter_id(const slot& s) noexcept {
   const shared_segment& g = seg_of(s);
   const std::uint32_t i = g.cell_of(s);
   return {g.locals[i].gen.load(std::memory_order_relaxed), i};
+}
+
+std::uint32_t shared_silent_updates(const slot& s) noexcept {
+  const shared_segment& g = seg_of(s);
+  return g.records[g.cell_of(s)].silent_updates.load(std::memory_order_seq_cst);
 }
 
 shared_wait_words shared_words(const slot& s) noexcept {

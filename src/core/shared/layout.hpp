@@ -103,6 +103,9 @@ struct alignas(64) record {
   std::atomic<std::uint64_t> generation; ///< bumped when the cell is freed (counter_id)
   std::atomic<std::uint32_t> type; ///< counter_type
   std::atomic<std::uint32_t> creator; ///< process entry of its creator
+  /// Bumped by every set and set_error (which may leave the value and error count as they
+  /// were), so that another process's plain-armed fd hears them too.
+  std::atomic<std::uint32_t> silent_updates;
 };
 
 inline constexpr std::size_t page = 4096;

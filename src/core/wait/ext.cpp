@@ -42,6 +42,7 @@ struct slot_ext {
   /// count differs from the arm's (fd_value0, fd_err0); this process's own updates signal as
   /// for a private counter. Written before the arming RMW, read after a load of the bit.
   std::atomic<std::uint64_t> fd_value0{0};
+  std::atomic<std::uint32_t> fd_silent0{0}; ///< and the cell's silent_updates (its sets)
   /// The counter's triggers (compcntr:trigger), created by the first arm; this block holds a
   /// reference on it, dropped when the block is freed.
   std::atomic<trigger_list*> triggers{nullptr};
@@ -251,6 +252,7 @@ void arm_slot_fd(slot& s, std::error_code& ec) noexcept {
     // update after these loads changes what the watcher's scan reads.
     e->fd_value0.store(s.value_seq_cst(), std::memory_order_relaxed);
     e->fd_err0.store(s.errors_seq_cst(), std::memory_order_relaxed);
+    e->fd_silent0.store(shared_silent_updates(s), std::memory_order_relaxed);
   }
   e->fd_thresholded.store(false, std::memory_order_seq_cst);
   // Drain the previous readiness (only if a signal was recorded or is in flight: no syscall
@@ -277,7 +279,8 @@ bool shared_fd_check(slot& s, bool creator_dead) noexcept {
       due = fd_condition(s, *e);
     else
       due = s.value_seq_cst() != e->fd_value0.load(std::memory_order_relaxed) ||
-            s.errors_seq_cst() != e->fd_err0.load(std::memory_order_relaxed);
+            s.errors_seq_cst() != e->fd_err0.load(std::memory_order_relaxed) ||
+            shared_silent_updates(s) != e->fd_silent0.load(std::memory_order_relaxed);
   }
   if (!due) return true;
   signal_fd(s, *e); // one-shot: whoever clears the bit (this or a local update) writes
