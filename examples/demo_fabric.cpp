@@ -211,9 +211,9 @@ void fabric_demo() {
       drive_both(&br);
     rma_bytes += len;
   }
-  // Wait for everything: B's counters with a compcntr wait whose progress hook drives both
+  // Wait for everything: B's counters with a compcntr wait whose drive function drives both
   // CQs, then A's sends with fi_cntr_wait on the adapter (it drives the bridge it is bound to).
-  const compcntr::wait_options drive{.hook = drive_both, .hook_ctx = &br};
+  const compcntr::wait_options drive{.drive = drive_both, .drive_ctx = &br};
   using namespace std::chrono_literals;
   const bool got_recv = compcntr::wait(recv_bytes, msg_bytes, 10s, drive) == std::errc{};
   const bool got_rw = compcntr::wait(remote_writes, rmas, 10s, drive) == std::errc{};

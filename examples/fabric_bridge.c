@@ -3,7 +3,7 @@
  * One RDM endpoint (tcp;ofi_rxm on 127.0.0.1, or shm) sends messages to itself. A CQ bridge
  * drains its CQ: sends are counted by an fi_cntr served by compcntr (compcntr_fi_cntr_open, used
  * through libfabric's own fi_cntr_read / fi_cntr_wait), received bytes by a compcntr BYTES
- * counter waited on with the bridge as the wait's progress hook.
+ * counter waited on with the bridge as the wait's progress (drive) function.
  *
  * Build: cc fabric_bridge.c $(pkg-config --cflags --libs compcntr-fabric)
  * Exit status 77 (skipped) when no provider opens on this machine. */
@@ -118,7 +118,7 @@ int main(void)
 
 	/* fi_cntr_wait on the adapter counter drives the bridge it is bound to. */
 	CHECK(fi_cntr_wait(sent, N, 10000));
-	/* A compcntr wait with the bridge as its progress hook drives the CQ too. */
+	/* A compcntr wait with the bridge as its progress function drives the CQ too. */
 	struct compcntr_wait_attr wa = { .progress = compcntr_fi_bridge_progress_fn,
 		                         .progress_ctx = br };
 	CHECK(compcntr_wait_comp_cntr_ex(received, total, 10000, &wa));

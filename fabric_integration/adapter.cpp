@@ -31,8 +31,8 @@ std::unordered_map<compcntr_comp_cntr*, adapter*>& registry() noexcept {
 // ---- the wait (cntr_base.hpp has the ops table: read/readerr drive the bound bridges first, as
 // libfabric's counters run their endpoints' progress in fi_cntr_read) ----------------------------
 
-void drive_hook(void* ctx) noexcept { adapter::drive(*static_cast<adapter*>(ctx), false); }
-void run_bridges_hook(void* ctx) noexcept { static_cast<adapter*>(ctx)->run_bridges(); }
+void drive_fn(void* ctx) noexcept { adapter::drive(*static_cast<adapter*>(ctx), false); }
+void run_bridges_fn(void* ctx) noexcept { static_cast<adapter*>(ctx)->run_bridges(); }
 
 } // namespace
 
@@ -46,15 +46,15 @@ int adapter::wait(adapter& a, std::uint64_t threshold, int timeout) noexcept {
       return -FI_ENOSYS;
     case FI_WAIT_YIELD:
       // Never sleeps; the bridges are driven before every check, then the CPU is yielded.
-      wa = yield_attr<run_bridges_hook>(&a);
+      wa = yield_attr<run_bridges_fn>(&a);
       break;
     default:
-      // The hook drives the bridges bound to the counter; it makes the waiter sleep in
+      // The drive function drives the bridges bound to the counter; it makes the waiter sleep in
       // progress_interval slices (1 ms). With no bridge bound yet it has nothing to do, but a
       // bridge bound during the wait must still be driven: then the slices are 50 ms (as
       // libfabric's util wait), so an idle waiter wakes 20 times a second and a late bind is
       // noticed within 50 ms.
-      wa.progress = drive_hook;
+      wa.progress = drive_fn;
       wa.progress_ctx = &a;
       if (a.sources_n.load(std::memory_order_relaxed) == 0) {
         wa.comp_mask |= COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL;

@@ -69,7 +69,7 @@ if [ "$fabric" = yes ]; then
 int main() {
   compcntr::wait_options o = compcntr::fabric::progress_options(nullptr);
   // Refusals only: no provider is needed to check that the C++ half links and runs.
-  const bool ok = o.hook == compcntr_fi_bridge_progress_fn &&
+  const bool ok = o.drive == compcntr_fi_bridge_progress_fn &&
                   compcntr::fabric::bind(nullptr, compcntr::counter_ref{}, FI_SEND) == EINVAL &&
                   compcntr_fi_bridge_open(nullptr) == nullptr;
   std::printf("fabric.hpp: %s\n", ok ? "ok" : "FAILED");

@@ -1,7 +1,7 @@
 /* examples/runtime, compcntr's side of set-up: the counters (sends, writes, receives, one credit
  * counter per peer), the CQ bridge that feeds the first two from the transmit CQ, the completion
  * tracker (quiet) and the credit tracker (one window per peer), the wait attributes whose
- * progress hook drives the endpoint; and the ranks of this node, which return each other's
+ * progress function drives the endpoint; and the ranks of this node, which return each other's
  * credits by incrementing shared counters instead of sending messages.
  */
 #define _GNU_SOURCE

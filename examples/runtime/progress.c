@@ -3,7 +3,7 @@
  * checks every data message received, reposts its buffer and owes its sender a credit, counts
  * returned credits into the senders' counters, and returns owed credits: into a local peer's
  * shared counter at once, to a remote one in batches of zero-byte messages. rt_progress is the
- * progress hook of every compcntr wait of the engine.
+ * progress function of every compcntr wait of the engine.
  */
 #define _GNU_SOURCE
 #include "rt_internal.h"
@@ -211,7 +211,7 @@ int rt_progress_n(struct rt *rt)
 	return n;
 }
 
-/* The progress hook of every compcntr wait here. A wait that found nothing to do gives the
+/* The progress function of every compcntr wait here. A wait that found nothing to do gives the
  * CPU away: with more ranks than cores (or a busy machine) the peer whose credits or
  * completions this rank waits for needs the core to produce them (MPI's yield-when-idle).
  * (Sleeping on the CQs' FI_WAIT_FD instead was measured on tcp;ofi_rxm: with manual progress

@@ -115,7 +115,7 @@ struct rt {
 	MPI_Request live_req;
 	struct live_msg live_out;
 	struct live_msg *live_all;    /* rank 0 */
-	unsigned idle;                /* consecutive progress-hook calls that found nothing */
+	unsigned idle;                /* consecutive progress-function calls that found nothing */
 	double live_t0;
 	int live_printed;
 };
@@ -152,7 +152,7 @@ void rt_close_counters(struct rt *rt);
 
 /* progress.c */
 int rt_progress_n(struct rt *rt); /* drives both CQs; the number of entries handled */
-void rt_progress(void *rt);       /* the progress hook of the waits on both CQs */
+void rt_progress(void *rt);       /* the progress function of the waits on both CQs */
 void rt_tx_progress(void *rt);    /* ... and of quiet: the transmit CQ's bridge */
 int rt_post_data_recv(struct rt *rt, struct peer *p, struct rx_slot *s);
 int rt_post_credit_recv(struct rt *rt, struct rx_slot *s);

@@ -59,7 +59,7 @@ struct compcntr_credits *compcntr_credits_adopt(struct compcntr_device *dev,
  * credit). Only a 0 return takes credits. */
 int compcntr_credits_acquire(struct compcntr_credits *cr, uint32_t peer, uint64_t n,
                              int timeout_ms);
-/* compcntr_credits_acquire with wait options (attr NULL: defaults), e.g. a progress hook that
+/* compcntr_credits_acquire with wait options (attr NULL: defaults), e.g. a progress function that
  * drives the runtime's network progress while it waits for credits. EINVAL also for bad attr
  * fields (as compcntr_wait_comp_cntr_ex). */
 int compcntr_credits_acquire_ex(struct compcntr_credits *cr, uint32_t peer, uint64_t n,

@@ -138,11 +138,11 @@ int compcntr_fi_bridge_bind(struct compcntr_fi_bridge *br, struct compcntr_comp_
 ssize_t compcntr_fi_bridge_progress(struct compcntr_fi_bridge *br);
 
 /* A compcntr_progress_fn: calls compcntr_fi_bridge_progress((struct compcntr_fi_bridge *)br)
- * and ignores its result. Use it as the progress hook of a wait so the waiter drives the CQ:
+ * and ignores its result. Use it as the progress function of a wait so the waiter drives the CQ:
  *     struct compcntr_wait_attr wa = { .progress = compcntr_fi_bridge_progress_fn, .progress_ctx = br };
  *     compcntr_wait_comp_cntr_ex(cc, n, 1000, &wa);
  * (C++: compcntr::fabric::progress_options(br), or
- * compcntr::wait_options{.hook = compcntr_fi_bridge_progress_fn, .hook_ctx = br}) */
+ * compcntr::wait_options{.drive = compcntr_fi_bridge_progress_fn, .drive_ctx = br}) */
 void compcntr_fi_bridge_progress_fn(void *br);
 
 /* What a bridge has consumed since it was opened. */
@@ -202,7 +202,7 @@ struct compcntr_fi_mirror *compcntr_fi_mirror_open_ex(struct fid_cntr *provider_
 int compcntr_fi_mirror_progress(struct compcntr_fi_mirror *m);
 
 /* A compcntr_progress_fn calling compcntr_fi_mirror_progress((struct compcntr_fi_mirror *)m):
- * the progress hook of a compcntr wait on cc, so the waiter drives the provider:
+ * the progress function of a compcntr wait on cc, so the waiter drives the provider:
  *     struct compcntr_wait_attr wa = { .progress = compcntr_fi_mirror_progress_fn, .progress_ctx = m }; */
 void compcntr_fi_mirror_progress_fn(void *m);
 

@@ -33,12 +33,12 @@ int bind(compcntr_fi_bridge* br, compcntr::counter_ref ref, std::uint64_t flags)
 int bind(compcntr_fi_bridge* br, const compcntr::device& dev, compcntr::counter_view c,
          std::uint64_t flags) noexcept;
 
-/// `o` with `br` as its progress hook: a compcntr::wait / poll_any with these options drains
-/// the bridge's CQ before every check (and sleeps at most o.hook_interval at a time).
+/// `o` with `br` as its drive function: a compcntr::wait / poll_any with these options drains
+/// the bridge's CQ before every check (and sleeps at most o.drive_interval at a time).
 inline compcntr::wait_options progress_options(compcntr_fi_bridge* br,
                                                compcntr::wait_options o = {}) noexcept {
-  o.hook = compcntr_fi_bridge_progress_fn;
-  o.hook_ctx = br;
+  o.drive = compcntr_fi_bridge_progress_fn;
+  o.drive_ctx = br;
   return o;
 }
 

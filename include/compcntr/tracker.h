@@ -53,7 +53,7 @@ uint64_t compcntr_tracker_completed(const struct compcntr_tracker *t);
  * timeout_ms passes first (< 0: forever; 0: check once); it reports nothing (the next quiet
  * that finishes does). Safe while other threads issue and quiet. */
 int compcntr_tracker_quiet(struct compcntr_tracker *t, int timeout_ms);
-/* compcntr_tracker_quiet with wait options (attr NULL: defaults), e.g. a progress hook that
+/* compcntr_tracker_quiet with wait options (attr NULL: defaults), e.g. a progress function that
  * drives the network while quiet waits. EINVAL also for bad attr fields (as
  * compcntr_wait_comp_cntr_ex). */
 int compcntr_tracker_quiet_ex(struct compcntr_tracker *t, int timeout_ms,

@@ -1,4 +1,4 @@
-/* compcntr polling helpers: wait for one counter, poll many, pollable fds, progress hooks.
+/* compcntr polling helpers: wait for one counter, poll many, pollable fds, progress functions.
  * Reference: docs/wait.md. Reached through <compcntr/compcntr.h>.
  *
  * Every call returns 0 or a positive errno value. NULL pointer arguments are EINVAL and change
@@ -48,7 +48,7 @@ enum compcntr_wait_attr_mask {
  * a zeroed struct means the defaults); progress is used when non-NULL. */
 struct compcntr_wait_attr {
 	uint32_t comp_mask;            /* enum compcntr_wait_attr_mask bits */
-	uint32_t progress_interval_us; /* longest sleep with a progress hook (> 0; default 1000) */
+	uint32_t progress_interval_us; /* longest sleep when progress is set (> 0; default 1000) */
 	int64_t spin_ns; /* hot-poll time before backing off and sleeping (>= 0;
 	                                * default 5000); 0: sleep as soon as a check fails;
 	                                * COMPCNTR_WAIT_SPIN_FOREVER: never sleep */

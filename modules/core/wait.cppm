@@ -4,9 +4,10 @@
 // answer as fast as the hardware allows when the answer is near and burn no CPU when it is far:
 // (1) hot poll with `pause` for wait_options::spin (default 5 us), (2) compcntr::backoff (longer
 // pauses, then yields, ~5-10 us), (3) register in the slot's `watch` word, re-check, FUTEX_WAIT.
-// spin == 0 sleeps at once; spin_forever never sleeps. A wait hook (wait_options::hook) runs
-// before every check and the waiter then sleeps at most hook_interval at a time; counters that
-// need device progress (hardware-backed, or a device with progress sources) sleep at most 1 ms.
+// spin == 0 sleeps at once; spin_forever never sleeps. A wait's drive function
+// (wait_options::drive) runs before every check and the waiter then sleeps at most
+// drive_interval at a time; counters that need device progress (hardware-backed, or a device
+// with progress sources) sleep at most 1 ms.
 // Full reference: docs/wait.md.
 //
 // Requirements: the counters stay alive during the call (destroying one something waits on is
@@ -40,13 +41,14 @@ import :backoff;
 
 export namespace compcntr {
 
-/// A wait hook: called by a waiting thread between checks, to drive progress compcntr cannot
-/// see (the application's own CQ, a CQ bridge: compcntr_fi_bridge_progress). It may update
-/// counters, but must not wait on the same counters, and must not throw (the waits are
-/// noexcept). The C API calls it compcntr_progress_fn.
-using wait_hook_fn = void (*)(void* ctx);
-/// The former name of wait_hook_fn (until 0.2).
-using progress_fn [[deprecated("use compcntr::wait_hook_fn")]] = wait_hook_fn;
+/// A wait's drive function: called by a waiting thread between checks, to drive progress
+/// compcntr cannot see (the application's own CQ, a CQ bridge: compcntr_fi_bridge_progress).
+/// It may update counters, but must not wait on the same counters, and must not throw (the
+/// waits are noexcept). The C API calls it compcntr_progress_fn.
+using wait_drive_fn = void (*)(void* ctx);
+/// The former names of wait_drive_fn (until 0.2).
+using wait_hook_fn [[deprecated("use compcntr::wait_drive_fn")]] = wait_drive_fn;
+using progress_fn [[deprecated("use compcntr::wait_drive_fn")]] = wait_drive_fn;
 
 /// wait_options::spin value: poll forever, never sleep (lowest latency, burns a core).
 inline constexpr std::chrono::nanoseconds spin_forever = std::chrono::nanoseconds::max();
@@ -55,33 +57,37 @@ inline constexpr std::chrono::nanoseconds spin_forever = std::chrono::nanosecond
 /// stage after it (5-10 us) a waiter busy-waits ~10-15 us before it sleeps: about one futex
 /// sleep + wake-up (see compcntr:backoff for why that is the right amount).
 inline constexpr std::chrono::nanoseconds default_spin = std::chrono::microseconds(5);
-/// Default longest sleep of a waiter that has a wait hook; also the longest sleep of a waiter on
-/// a hardware-backed counter or a device with progress sources, whatever its hook's interval:
-/// 1 ms. A completion waits at most that long in an emulated backend's queue, and a waiter that
+/// Default longest sleep of a waiter that has a drive function; also the longest sleep of a
+/// waiter on a hardware-backed counter or a device with progress sources, whatever its
+/// drive_interval: 1 ms. A completion waits at most that long in an emulated backend's queue, and a waiter that
 /// wakes 1000 times per second (a few us each) uses well under 1% of a core, against P6's budget
 /// of 5%. libfabric's util wait uses 50 ms slices; this is finer.
-inline constexpr std::chrono::microseconds default_hook_interval = std::chrono::milliseconds(1);
-/// The former name of default_hook_interval (until 0.2).
-[[deprecated("use compcntr::default_hook_interval")]] inline constexpr std::chrono::microseconds
-    default_progress_interval = default_hook_interval;
+inline constexpr std::chrono::microseconds default_drive_interval = std::chrono::milliseconds(1);
+/// The former names of default_drive_interval (until 0.2).
+[[deprecated("use compcntr::default_drive_interval")]] inline constexpr std::chrono::microseconds
+    default_hook_interval = default_drive_interval;
+[[deprecated("use compcntr::default_drive_interval")]] inline constexpr std::chrono::microseconds
+    default_progress_interval = default_drive_interval;
 /// timeout value: wait forever (any negative timeout does).
 inline constexpr std::chrono::milliseconds wait_forever{-1};
 
-/// How a wait or poll spends its time. Aggregate: `wait_options{.spin = 0ns, .hook = f}`.
-/// (hook, hook_ctx, hook_interval were called progress, progress_ctx, progress_interval before
-/// issue 13; the C struct compcntr_wait_attr keeps those names.)
+/// How a wait or poll spends its time. Aggregate: `wait_options{.spin = 0ns, .drive = f}`.
+/// (drive, drive_ctx, drive_interval were called hook, hook_ctx, hook_interval in 0.1.0, and
+/// progress, progress_ctx, progress_interval before issue 13; renamed without aliases: a field
+/// cannot be aliased without making designated initializers warn. The C struct
+/// compcntr_wait_attr keeps the names progress, progress_ctx, progress_interval_us.)
 struct wait_options {
   /// Hot-poll time before backing off and then sleeping; 0: sleep as soon as a check fails;
   /// spin_forever: never sleep. See the file comment.
   std::chrono::nanoseconds spin = default_spin;
-  /// The wait hook: called before every check and between sleeps; nullptr: none.
-  wait_hook_fn hook = nullptr;
-  /// Passed to `hook`.
-  void* hook_ctx = nullptr;
-  /// Longest single sleep when `hook` is set (must be > 0); hardware-backed counters and
+  /// The wait's drive function: called before every check and between sleeps; nullptr: none.
+  wait_drive_fn drive = nullptr;
+  /// Passed to `drive`.
+  void* drive_ctx = nullptr;
+  /// Longest single sleep when `drive` is set (must be > 0); hardware-backed counters and
   /// devices with progress sources sleep at most min(this, 1 ms). Ignored otherwise: the waiter
   /// then sleeps until woken or timed out.
-  std::chrono::microseconds hook_interval = default_hook_interval;
+  std::chrono::microseconds drive_interval = default_drive_interval;
 };
 
 /// Outcome of poll_any: `status` is std::errc{} (counter `index` reached its threshold),
@@ -172,7 +178,7 @@ export namespace compcntr {
 
 /// Waits until `c.value() >= threshold` (std::errc{}), the error count changes during the wait
 /// (io_error), or `timeout` passes (timed_out; elapsed time >= timeout). timeout < 0: forever;
-/// 0: check once (after one progress call if a hook is set). An empty counter is
+/// 0: check once (after one drive call if a drive function is set). An empty counter is
 /// invalid_argument. Memory ordering: acquire on success and io_error (file comment).
 inline std::errc wait(counter_view c, std::uint64_t threshold, std::chrono::milliseconds timeout,
                       const wait_options& opts) noexcept {
@@ -207,7 +213,7 @@ inline std::errc wait_since(counter_view c, std::uint64_t threshold, std::uint64
                            timeout.count(), opts);
 }
 
-/// wait() with default options (5 us hot poll, back off, then sleep; no progress hook).
+/// wait() with default options (5 us hot poll, back off, then sleep; no drive function).
 /// The reached-threshold test comes before the options exist: built first, their stores stayed
 /// in a caller's loop of satisfied waits (bench P11: 1.5x a read; the test alone is a read).
 inline std::errc wait(counter_view c, std::uint64_t threshold,

@@ -6,7 +6,7 @@
 // counts what came back into each peer's completion counter (attach it to the QP, or bind it to
 // a libfabric CQ bridge). The MPICH pattern as one object. Per peer: outstanding = issued -
 // (value + errors of its counter), modulo the counter's range; acquire(p, n) takes n credits in
-// one CAS when outstanding + n <= credits_per_peer, else waits (wait hook, backoff, sleep);
+// one CAS when outstanding + n <= credits_per_peer, else waits (drive function, backoff, sleep);
 // release(p, n) gives back credits that will never complete; flush(p) waits for everything
 // issued (MPI_Win_flush). Design notes: src/features/credits/credits.cpp; docs/credits.md.
 //
@@ -26,7 +26,7 @@
 // Example (see examples/credits.c for the C version over loopback QPs):
 //     auto tr = compcntr::credit_tracker::create(dev, npeers, 64, ec);
 //     qp_to[p].attach(tr.peer_counter(p), compcntr::attach_op::send, ec);   // in RESET
-//     if (tr.acquire(p, 1, compcntr::wait_forever, {.hook = poll_net}) == std::errc{})
+//     if (tr.acquire(p, 1, compcntr::wait_forever, {.drive = poll_net}) == std::errc{})
 //       qp_to[p].post_send(...);                 // its completion returns the credit
 //     tr.flush(p, compcntr::wait_forever);       // MPI_Win_flush: all of p's operations done
 module;
@@ -151,7 +151,7 @@ class credit_tracker {
 
   /// Takes `n` credits of `peer`: std::errc{} at once if outstanding + n <= credits_per_peer,
   /// else waits for completions (options as compcntr::wait). timed_out when `timeout` passes
-  /// (timeout 0: check once, after one progress call if a hook is set; < 0: forever);
+  /// (timeout 0: check once, after one drive call if a drive function is set; < 0: forever);
   /// io_error when the peer's error count changes during the call without admitting it;
   /// value_too_large when the peer's counts are inconsistent; invalid_argument for peer >=
   /// peers(), n == 0 or n > window(peer). Only success takes credits.

@@ -10,8 +10,9 @@
 //
 // Requirements: counters are watched explicitly (watch/unwatch) and must be device-held
 // (slot.hw != nullptr) counters of the refresher's device. refresh() is driven by the caller:
-// from a wait's hook (refresh_hook is one: `.hook = &mirror_refresher::refresh_hook`), or from
-// an epoll loop on fd(), which polls readable when answers are waiting.
+// from a wait's drive function (refresh_drive is one:
+// `.drive = &mirror_refresher::refresh_drive`), or from an epoll loop on fd(), which polls
+// readable when answers are waiting.
 // Guarantees:
 //   * refresh() never blocks: if another thread is inside refresh(), watch() or unwatch(), it
 //     returns 0 at once. It stores every answer that has arrived, then, once the whole round is
@@ -28,7 +29,7 @@
 // Example:
 //     auto r = compcntr::mirror_refresher::create(dev, ec);
 //     r.watch(counter);
-//     while (counter.value() < goal) r.refresh();    // or as a wait's hook (refresh_hook)
+//     while (counter.value() < goal) r.refresh();    // or as a wait's drive (refresh_drive)
 module;
 #include <atomic>
 #include <chrono>
@@ -90,14 +91,18 @@ class mirror_refresher {
   /// Stores every answer that has arrived into its mirror; starts the next round when this one
   /// is complete. Returns the number of mirrors written. Never blocks.
   std::size_t refresh() noexcept;
-  /// refresh() as a wait hook (compcntr::wait_options::hook): `refresher` is a
+  /// refresh() as a wait's drive function (compcntr::wait_options::drive): `refresher` is a
   /// mirror_refresher*.
-  inline static void refresh_hook(void* refresher) noexcept {
+  inline static void refresh_drive(void* refresher) noexcept {
     static_cast<mirror_refresher*>(refresher)->refresh();
   }
-  /// The former names of refresh() and refresh_hook (until 0.2; progress_hook returns the count).
+  /// The former names of refresh() and refresh_drive (until 0.2; progress_hook returns the
+  /// count).
   [[deprecated("use refresh()")]] inline std::size_t progress() noexcept { return refresh(); }
-  [[deprecated("use refresh_hook")]] inline static int progress_hook(void* refresher) noexcept {
+  [[deprecated("use refresh_drive")]] inline static void refresh_hook(void* refresher) noexcept {
+    refresh_drive(refresher);
+  }
+  [[deprecated("use refresh_drive")]] inline static int progress_hook(void* refresher) noexcept {
     return static_cast<int>(static_cast<mirror_refresher*>(refresher)->refresh());
   }
 

@@ -50,7 +50,7 @@
 //     tr.issue(1);
 //     fi_write(ep, buf, len, desc, peer, raddr, key, nullptr);   // its completion counts in `done`
 //     ...
-//     if (tr.quiet(compcntr::wait_forever, {.hook = drive_network}) == std::errc::io_error)
+//     if (tr.quiet(compcntr::wait_forever, {.drive = drive_network}) == std::errc::io_error)
 //       report("a put failed");                                   // all issued puts are over
 module;
 #include <atomic>
@@ -138,9 +138,9 @@ class completion_tracker {
   /// Waits until every operation issued before the call is accounted for (completed >= issued
   /// as read at the call). std::errc{} then, or io_error if the counter's error value grew
   /// since the last report (once per growth, file comment); timed_out when `timeout` passes
-  /// first (timeout 0: check once, after one progress call if a hook is set and the first check
-  /// failed; < 0: forever). invalid_argument for an empty tracker. Options as compcntr::wait
-  /// (a wait hook that drives the network). Memory ordering: acquire.
+  /// first (timeout 0: check once, after one drive call if a drive function is set and the
+  /// first check failed; < 0: forever). invalid_argument for an empty tracker. Options as
+  /// compcntr::wait (a drive function that drives the network). Memory ordering: acquire.
   inline std::errc quiet(std::chrono::milliseconds timeout,
                          const wait_options& opts = {}) noexcept {
     if (s_ == nullptr) [[unlikely]]

@@ -143,10 +143,10 @@ inline int wait_attr_options(const char* call, const compcntr_wait_attr* attr,
   if ((attr->comp_mask & COMPCNTR_WAIT_ATTR_PROGRESS_INTERVAL) != 0) {
     if (attr->progress_interval_us == 0)
       return fail(EINVAL, "%s: progress_interval_us must be > 0", call).value();
-    o.hook_interval = std::chrono::microseconds(attr->progress_interval_us);
+    o.drive_interval = std::chrono::microseconds(attr->progress_interval_us);
   }
-  o.hook = attr->progress;
-  o.hook_ctx = attr->progress_ctx;
+  o.drive = attr->progress;
+  o.drive_ctx = attr->progress_ctx;
   return 0;
 }
 

@@ -1,6 +1,6 @@
 // The C API of credit tracking (compcntr/credits.h through compcntr/compcntr.h): errno rules,
 // the tracker-owned C counters (real counters, EBUSY on destroy), QP attach and destroy
-// ordering, progress hooks, EIO/timeouts, and a multi-threaded run over two peers.
+// ordering, drive functions, EIO/timeouts, and a multi-threaded run over two peers.
 #include <doctest/doctest.h>
 
 #include <compcntr/compcntr.h>
@@ -153,12 +153,12 @@ TEST_CASE("C credits: the counters are real C counters owned by the tracker") {
 }
 
 namespace {
-struct hook_ctx {
+struct drive_ctx_t {
   compcntr_comp_cntr* cc;
   std::atomic<int> calls{0};
 };
 void progress_completes(void* p) {
-  auto* h = static_cast<hook_ctx*>(p);
+  auto* h = static_cast<drive_ctx_t*>(p);
   ++h->calls;
   compcntr_inc_comp_cntr(h->cc, 1);
 }
@@ -173,11 +173,11 @@ TEST_CASE("C credits: _ex calls take wait options and validate them") {
   CHECK(has("credits_acquire_ex: unknown comp_mask"));
   CHECK(compcntr_credits_flush_ex(f.cr, 0, 0, &a) == EINVAL);
   CHECK(f.outstanding(0) == 1);
-  hook_ctx h{compcntr_credits_counter(f.cr, 0)};
+  drive_ctx_t h{compcntr_credits_counter(f.cr, 0)};
   a = {};
   a.progress = progress_completes;
   a.progress_ctx = &h;
-  CHECK(compcntr_credits_acquire_ex(f.cr, 0, 1, -1, &a) == 0);  // the hook completes it
+  CHECK(compcntr_credits_acquire_ex(f.cr, 0, 1, -1, &a) == 0);  // the drive function completes it
   CHECK(h.calls.load() == 1);
   CHECK(compcntr_credits_flush_ex(f.cr, 0, -1, &a) == 0);
   CHECK(compcntr_credits_acquire_ex(f.cr, 0, 1, 0, nullptr) == 0);

@@ -83,7 +83,7 @@ TEST_CASE("C wait_since: EIO against the caller's error baseline, the first chec
     CHECK(rc.load() == (by_error ? EIO : 0));
   }
 
-  // A progress hook runs (timeout 0: once after the failed first check) and may complete it.
+  // A drive function runs (timeout 0: once after the failed first check) and may complete it.
   struct st {
     compcntr_comp_cntr* cc;
     int calls;

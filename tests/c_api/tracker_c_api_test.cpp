@@ -1,6 +1,6 @@
 // The C API of completion tracking (compcntr/tracker.h through compcntr/compcntr.h): errno
 // rules, the counter kept alive (EBUSY), issue/quiet, ETIMEDOUT, timeout 0, EIO exactly once,
-// quiet_ex with a progress hook, RDMA writes over loopback QPs, wrap-around, and C threads
+// quiet_ex with a drive function, RDMA writes over loopback QPs, wrap-around, and C threads
 // issuing while others quiet (ThreadSanitizer in CI).
 #include <doctest/doctest.h>
 
@@ -171,7 +171,7 @@ TEST_CASE("C tracker: a blocked quiet is woken by the last completion") {
   CHECK(rc.load() == 0);
 }
 
-TEST_CASE("C tracker: quiet_ex drives a progress hook; timeout 0 calls it once") {
+TEST_CASE("C tracker: quiet_ex calls its drive function; timeout 0 calls it once") {
   fixture f;
   struct st {
     compcntr_comp_cntr* cc;

@@ -78,7 +78,7 @@ TEST_CASE("C wait_ex: options and their validation") {
   a.progress_interval_us = 0;
   CHECK(compcntr_wait_comp_cntr_ex(f.cc[0], 1, 0, &a) == EINVAL);
 
-  // Forced sleep + a progress hook that completes the counter on its 10th call.
+  // Forced sleep + a drive function that completes the counter on its 10th call.
   struct ctx_t {
     compcntr_comp_cntr* cc;
     int calls;

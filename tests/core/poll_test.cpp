@@ -159,8 +159,8 @@ TEST_CASE("poll_any: a sleeping poller is woken by any of its counters, in every
     std::atomic<bool> inside{false};
     compcntr::wait_options o;
     o.spin = spins[round / 2];
-    o.hook = [](void* p) { static_cast<std::atomic<bool>*>(p)->store(true); };
-    o.hook_ctx = &inside;
+    o.drive = [](void* p) { static_cast<std::atomic<bool>*>(p)->store(true); };
+    o.drive_ctx = &inside;
     std::atomic<int> status{-1};
     std::atomic<std::size_t> index{99};
     std::thread poller([&] {
@@ -174,7 +174,7 @@ TEST_CASE("poll_any: a sleeping poller is woken by any of its counters, in every
     CHECK(status.load() == 0);
     CHECK(index.load() == target);
   }
-  // Forced sleep, no hook: the poller is registered on every counter before it sleeps.
+  // Forced sleep, no drive function: the poller is registered on every counter before it sleeps.
   std::vector<std::uint64_t> th;
   for (auto& c : cs) th.push_back(c.value() + 2);
   std::atomic<std::size_t> index{99};
@@ -210,7 +210,7 @@ TEST_CASE("poll_any: more counters than the on-stack state, and pollers beside w
   CHECK(waited.load() == 0);
 }
 
-TEST_CASE("poll_any: progress hooks keep running while the poller sleeps") {
+TEST_CASE("poll_any: drive functions keep running while the poller sleeps") {
   auto dev = open_soft();
   auto cs = make_n(dev, 2);
   struct ctx_t {
@@ -218,12 +218,12 @@ TEST_CASE("poll_any: progress hooks keep running while the poller sleeps") {
     int calls = 0;
   } x{&cs[1], 0};
   compcntr::wait_options o = forced_sleep();
-  o.hook = [](void* p) {
+  o.drive = [](void* p) {
     auto* x = static_cast<ctx_t*>(p);
     if (++x->calls == 20) x->c->add(1);
   };
-  o.hook_ctx = &x;
-  o.hook_interval = 1ms;
+  o.drive_ctx = &x;
+  o.drive_interval = 1ms;
   std::vector<std::uint64_t> th{1, 1};
   const auto r = compcntr::poll_any(cs, th, 30s, o);
   CHECK(r.status == std::errc{});

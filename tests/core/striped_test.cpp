@@ -323,7 +323,7 @@ TEST_CASE("striped: handles, resolve and asynchronous queries give the sum") {
   for (int i = 0; i < 9; ++i) c.add(1);
   c.add_error(4);
   std::error_code ec;
-  auto r = dev.resolve(c.handle(), ec);
+  auto r = dev.resolve(c.id(), ec);
   REQUIRE_FALSE(ec);
   CHECK(r.value() == 9);
   CHECK(r.errors() == 4);
@@ -339,7 +339,7 @@ TEST_CASE("striped: handles, resolve and asynchronous queries give the sum") {
   CHECK(resp.values.completions == 10);
   CHECK(resp.values.errors == 4);
   // Destroyed: the handle is stale, and the stripes are freed (ASan: no leak).
-  const auto h = c.handle();
+  const auto h = c.id();
   c.destroy(ec);
   REQUIRE_FALSE(ec);
   auto gone = dev.resolve(h, ec);

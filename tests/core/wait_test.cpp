@@ -1,5 +1,5 @@
 // compcntr::wait and compcntr::backoff (import compcntr;): results, timing bounds, wake-ups
-// from other threads, error wake-ups, progress hooks, hardware refresh, idle CPU, and a
+// from other threads, error wake-ups, drive functions, hardware refresh, idle CPU, and a
 // 100,000-round ping-pong that fails on any lost wake-up.
 module;
 #include <doctest/doctest.h>
@@ -45,7 +45,7 @@ constexpr mode modes[] = {{"default", compcntr::default_spin},
                           {"forced sleep", std::chrono::nanoseconds::zero()},
                           {"spin only", compcntr::spin_forever}};
 
-// Signals that the waiter is inside its wait (progress hooks run after the error sample).
+// Signals that the waiter is inside its wait (drive functions run after the error sample).
 void mark_inside(void* flag) { static_cast<std::atomic<bool>*>(flag)->store(true); }
 
 } // namespace
@@ -107,8 +107,8 @@ TEST_CASE("wait: errors before the wait do not count, errors during it are EIO")
     CAPTURE(m.name);
     std::atomic<bool> inside{false};
     compcntr::wait_options o = with_spin(m.spin);
-    o.hook = mark_inside;
-    o.hook_ctx = &inside;
+    o.drive = mark_inside;
+    o.drive_ctx = &inside;
     std::atomic<int> result{-1};
     std::thread waiter([&] { result = static_cast<int>(compcntr::wait(c, 100, 30s, o)); });
     REQUIRE(eventually([&] { return inside.load(); }));
@@ -160,8 +160,8 @@ TEST_CASE("wait: woken by another thread's increments, in every mode") {
     target += 3;
     std::atomic<bool> inside{false};
     compcntr::wait_options o = with_spin(m.spin);
-    o.hook = mark_inside;
-    o.hook_ctx = &inside;
+    o.drive = mark_inside;
+    o.drive_ctx = &inside;
     std::atomic<int> result{-1};
     std::atomic<std::uint64_t> seen{0};
     std::thread waiter([&] {
@@ -222,7 +222,7 @@ TEST_CASE("wait: timeouts are never early and not much late") {
   }
 }
 
-TEST_CASE("wait: progress hooks run before the first check and between bounded sleeps") {
+TEST_CASE("wait: drive functions run before the first check and between bounded sleeps") {
   auto dev = open_soft();
   auto c = make_counter(dev);
   struct ctx_t {
@@ -230,27 +230,27 @@ TEST_CASE("wait: progress hooks run before the first check and between bounded s
     int calls = 0;
     int complete_at = 0;
   };
-  auto hook = [](void* p) {
+  auto drive = [](void* p) {
     auto* x = static_cast<ctx_t*>(p);
     if (++x->calls == x->complete_at) x->c->add(1);
   };
-  // Test once: the hook runs once, before the check.
+  // Test once: the drive function runs once, before the check.
   ctx_t once{&c, 0, 1};
   compcntr::wait_options o;
-  o.hook = hook;
-  o.hook_ctx = &once;
+  o.drive = drive;
+  o.drive_ctx = &once;
   CHECK(compcntr::wait(c, 1, 0ms, o) == std::errc{});
   CHECK(once.calls == 1);
 
-  // Forced sleep, nobody else touches the counter: only the hook can complete it, so the
-  // waiter must keep waking up to call it (1 ms slices here).
+  // Forced sleep, nobody else touches the counter: only the drive function can complete it, so
+  // the waiter must keep waking up to call it (1 ms slices here).
   for (const mode& m : modes) {
     CAPTURE(m.name);
     ctx_t x{&c, 0, 25};
     o = with_spin(m.spin);
-    o.hook = hook;
-    o.hook_ctx = &x;
-    o.hook_interval = 1ms;
+    o.drive = drive;
+    o.drive_ctx = &x;
+    o.drive_interval = 1ms;
     const std::uint64_t before = c.value();
     CHECK(compcntr::wait(c, before + 1, 30s, o) == std::errc{});
     CHECK(x.calls == 25);
@@ -280,7 +280,7 @@ TEST_CASE("wait: hardware-backed counters are refreshed while waiting, even when
   auto c = make_counter(dev);
   compcntr::plugin::slot& s = *c.native_slot();
   s.hw = &fake_hw;
-  hw_errors = 4;  // before the wait, not yet in the mirror: must not count as "during"
+  hw_errors = 4; // before the wait, not yet in the mirror: must not count as "during"
   CHECK(compcntr::wait(c, 1, 0ms) == std::errc::timed_out);
   CHECK(s.errors.load() == 4);
 
@@ -290,10 +290,10 @@ TEST_CASE("wait: hardware-backed counters are refreshed while waiting, even when
     const std::uint64_t target = hw_value.load() + 1;
     std::atomic<int> result{-1};
     compcntr::wait_options o = with_spin(m.spin);
-    o.hook_interval = 1ms;
+    o.drive_interval = 1ms;
     std::thread waiter([&] { result = static_cast<int>(compcntr::wait(c, target, 30s, o)); });
     REQUIRE(eventually([&] { return hw_refreshes.load() >= 3; }));
-    c.add(1);  // the device counts; nothing notifies: only refresh can see it
+    c.add(1); // the device counts; nothing notifies: only refresh can see it
     waiter.join();
     CHECK(result.load() == 0);
   }
@@ -331,19 +331,19 @@ TEST_CASE("wait: an idle waiter sleeps (thread CPU time a small fraction of wall
   CAPTURE(plain.wall_ms);
   CHECK(plain.result == static_cast<int>(std::errc::timed_out));
   CHECK(plain.wall_ms >= 300);
-  CHECK(plain.cpu_ms < 0.05 * plain.wall_ms);  // P6's budget: < 5% of a core
+  CHECK(plain.cpu_ms < 0.05 * plain.wall_ms); // P6's budget: < 5% of a core
 
-  // With a progress hook the waiter wakes every 1 ms; it must still be mostly asleep.
+  // With a drive function the waiter wakes every 1 ms; it must still be mostly asleep.
   compcntr::wait_options o;
   int calls = 0;
-  o.hook = [](void* p) { ++*static_cast<int*>(p); };
-  o.hook_ctx = &calls;
-  const run hooked = idle_wait(o);
-  CAPTURE(hooked.cpu_ms);
+  o.drive = [](void* p) { ++*static_cast<int*>(p); };
+  o.drive_ctx = &calls;
+  const run driven = idle_wait(o);
+  CAPTURE(driven.cpu_ms);
   CAPTURE(calls);
-  CHECK(hooked.result == static_cast<int>(std::errc::timed_out));
-  CHECK(calls >= 50);  // ~300 slices of 1 ms; far fewer would mean sleeps longer than a slice
-  CHECK(hooked.cpu_ms < 0.25 * hooked.wall_ms);
+  CHECK(driven.result == static_cast<int>(std::errc::timed_out));
+  CHECK(calls >= 50); // ~300 slices of 1 ms; far fewer would mean sleeps longer than a slice
+  CHECK(driven.cpu_ms < 0.25 * driven.wall_ms);
 }
 
 TEST_CASE("wait: 100,000-round ping-pong loses no wake-up") {
@@ -376,7 +376,7 @@ TEST_CASE("wait: 100,000-round ping-pong loses no wake-up") {
     return with_spin(i % 2 == 0 || i % 4 == 3 ? compcntr::default_spin : 0ns);
   };
   auto pauses = [](std::uint64_t& x, std::uint64_t mask) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17; // xorshift64
     for (std::uint64_t k = x & mask; k > 0; --k) compcntr::cpu_relax();
   };
   std::atomic<std::uint64_t> fail_ping{0}, fail_pong{0};
@@ -391,7 +391,7 @@ TEST_CASE("wait: 100,000-round ping-pong loses no wake-up") {
   });
   const compcntr::wait_options main_opts = with_spin(50us);
   std::uint64_t x = 0x2545f4914f6cdd1du;
-  std::uint64_t registered_seen = 0;  // aimed rounds in which the receiver went to sleep
+  std::uint64_t registered_seen = 0; // aimed rounds in which the receiver went to sleep
   for (std::uint64_t i = 1; i <= rounds; ++i) {
     if (i % 4 == 1 || i % 4 == 3) {
       // Spin tightly (the window is a few hundred ns), but briefly: if the receiver is not
@@ -435,13 +435,13 @@ TEST_CASE("wait_options: an aggregate with designated initializers (docs/wait.md
     compcntr::counter* c;
     int drained = 0;
   } cq{&c};
-  const compcntr::wait_options o{.hook =
+  const compcntr::wait_options o{.drive =
                                      [](void* q) {
                                        auto* x = static_cast<queue*>(q);
                                        if (++x->drained == 3) x->c->add(1);
                                      },
-                                 .hook_ctx = &cq,
-                                 .hook_interval = 200us};
+                                 .drive_ctx = &cq,
+                                 .drive_interval = 200us};
   CHECK(o.spin == compcntr::default_spin);
   const compcntr::counter* one[] = {&c};
   const std::uint64_t th[] = {1};

@@ -1,5 +1,6 @@
 // The credit tracker (compcntr:credits) waiting: sleeping acquirers woken by completions, timeouts,
-// error completions and EIO, the largest timeouts, wait hooks, and the over-subscription stress.
+// error completions and EIO, the largest timeouts, drive functions, and the over-subscription
+// stress.
 #include <doctest/doctest.h>
 
 #include <sys/syscall.h>
@@ -68,13 +69,13 @@ struct waiter {
   }
 };
 
-struct hook_state {
+struct drive_state {
   compcntr::counter* c;
   std::atomic<int> calls{0};
 };
 
 void complete_one(void* ctx) { // a "network progress" function that completes an operation
-  auto* h = static_cast<hook_state*>(ctx);
+  auto* h = static_cast<drive_state*>(ctx);
   h->calls.fetch_add(1);
   h->c->add(1);
 }
@@ -203,12 +204,12 @@ TEST_CASE("credits: the largest finite timeouts wait (they are forever)") {
   CHECK(f.join() == 0);
 }
 
-TEST_CASE("credits: a progress hook drives completions while acquire waits") {
+TEST_CASE("credits: a drive function drives completions while acquire waits") {
   adopted a(1, 2);
   auto& tr = a.tr;
   REQUIRE(tr.acquire(0, 2, 0ms) == errc{});
-  hook_state h{&a.c[0]};
-  const compcntr::wait_options o{.hook = complete_one, .hook_ctx = &h};
+  drive_state h{&a.c[0]};
+  const compcntr::wait_options o{.drive = complete_one, .drive_ctx = &h};
   CHECK(tr.acquire(0, 2, compcntr::wait_forever, o) == errc{}); // no other thread at all
   CHECK(h.calls.load() == 2);
   // timeout 0: one check after one progress call.

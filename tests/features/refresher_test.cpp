@@ -171,7 +171,7 @@ TEST_CASE("unwatch mid-round ignores the late answer; reset releases everything"
   CHECK_FALSE(ec);
 }
 
-TEST_CASE("refresh from many threads at once (hooks of several waiters)") {
+TEST_CASE("refresh from many threads at once (drive functions of several waiters)") {
   fake_setup f;
   auto r = f.refresher();
   std::vector<compcntr::counter> cs;
@@ -183,7 +183,7 @@ TEST_CASE("refresh from many threads at once (hooks of several waiters)") {
   std::vector<std::thread> drivers;
   for (int t = 0; t < 3; ++t)
     drivers.emplace_back([&] {
-      while (!done) compcntr::mirror_refresher::refresh_hook(&r);
+      while (!done) compcntr::mirror_refresher::refresh_drive(&r);
     });
   for (int k = 0; k < 2000; ++k) cs[k % 16].add(1);
   // Each mirror reaches its device value while other threads drive the refresher.

@@ -1,6 +1,6 @@
 // compcntr::completion_tracker (import compcntr;): baseline, issue/quiet arithmetic, timeouts
 // (0, finite, forever), exact EIO-once semantics (also among concurrent quiets), wrap-around,
-// wait hooks, counters fed by real loopback RDMA writes, bad input, the counter kept alive,
+// drive functions, counters fed by real loopback RDMA writes, bad input, the counter kept alive,
 // and issuers racing with quiet (run under ThreadSanitizer in CI). The C API is tested in
 // tests/c_api/tracker_c_api_test.cpp.
 #include <doctest/doctest.h>
@@ -285,20 +285,20 @@ TEST_CASE("tracker: timeouts are never early; timeout 0 checks once") {
   CHECK(tr.quiet(10ms, {.spin = compcntr::spin_forever}) == errc::timed_out);
   CHECK(std::chrono::steady_clock::now() - t0 >= 10ms);
 
-  // timeout 0 with a wait hook: exactly one hook call when the first check fails, and a
-  // hook that completes the operation makes it succeed.
-  struct hook_state {
+  // timeout 0 with a drive function: exactly one drive call when the first check fails, and a
+  // drive function that completes the operation makes it succeed.
+  struct drive_state {
     int calls = 0;
     compcntr::counter* c = nullptr;
     bool complete = false;
   } hs{0, &f.c, false};
-  compcntr::wait_options o{.hook =
+  compcntr::wait_options o{.drive =
                                [](void* p) {
-                                 auto* s = static_cast<hook_state*>(p);
+                                 auto* s = static_cast<drive_state*>(p);
                                  ++s->calls;
                                  if (s->complete) s->c->add(1);
                                },
-                           .hook_ctx = &hs};
+                           .drive_ctx = &hs};
   CHECK(tr.quiet(0ms, o) == errc::timed_out);
   CHECK(hs.calls == 1);
   hs.calls = 0;
@@ -306,7 +306,7 @@ TEST_CASE("tracker: timeouts are never early; timeout 0 checks once") {
   CHECK(tr.quiet(0ms, o) == errc{});
   CHECK(hs.calls == 1);
   hs.calls = 0;
-  CHECK(tr.quiet(0ms, o) == errc{});   // done at the first check: no hook call
+  CHECK(tr.quiet(0ms, o) == errc{});   // done at the first check: no drive call
   CHECK(hs.calls == 0);
 
   // The largest finite timeouts are forever (no overflow into an immediate timeout).
@@ -317,7 +317,7 @@ TEST_CASE("tracker: timeouts are never early; timeout 0 checks once") {
   CHECK(w.join() == 0);
 }
 
-TEST_CASE("tracker: a wait hook alone drives completions (forever)") {
+TEST_CASE("tracker: a drive function alone drives completions (forever)") {
   fixture f;
   auto& tr = f.tr;
   tr.issue(100);
@@ -326,13 +326,13 @@ TEST_CASE("tracker: a wait hook alone drives completions (forever)") {
     int calls;
   } s{&f.c, 0};
   compcntr::wait_options o{.spin = 0ns,
-                           .hook =
+                           .drive =
                                [](void* p) {
                                  auto* x = static_cast<st*>(p);
                                  if (++x->calls % 3 == 0) x->c->add(7);
                                },
-                           .hook_ctx = &s,
-                           .hook_interval = 100us};
+                           .drive_ctx = &s,
+                           .drive_interval = 100us};
   CHECK(tr.quiet(compcntr::wait_forever, o) == errc{});
   CHECK(tr.completed() >= 100);
   CHECK(tr.completed() < 107);

@@ -685,7 +685,7 @@ TEST_CASE("compcntr serves the application's counter: its waits and the progress
     send_recv(*p, 5, 16);
     if (thread_mode()) {
       // Nobody but the progress thread drives the provider (both endpoints have a counter): a
-      // plain compcntr wait (no progress hook) sees the receives.
+      // plain compcntr wait (no drive function) sees the receives.
       CHECK(compcntr_wait_comp_cntr(cc, 5, 10'000) == 0);
     } else {
       CHECK(read_until(*p, rx, 5) == 5);

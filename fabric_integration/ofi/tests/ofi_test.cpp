@@ -175,7 +175,7 @@ TEST_CASE("fi_close of a counter armed work still updates is -FI_EBUSY until the
 
 // fuzz_fi_ofi (tools/pending/fi_ofi-divergence, 2026-12-02): a counter whose fi_close closed the
 // provider's counter but not compcntr's (a compcntr trigger holds it: -FI_EBUSY, docs/hook.md)
-// waited without any progress hook, so its waits ran no round of the layer's deferred work,
+// waited without any drive function, so its waits ran no round of the layer's deferred work,
 // unlike every other counter's (docs/ofi_compcntr.md: every wait check is a round). Deferred work
 // made due by a plain compcntr update (no round) is posted by the next wait on it now.
 TEST_CASE("a wait on a counter fi_close left to compcntr still runs the layer's deferred work") {

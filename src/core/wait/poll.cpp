@@ -84,7 +84,7 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
     return pending;
   };
   auto check = [&]() noexcept -> outcome {
-    if (o.hook) o.hook(o.hook_ctx);
+    if (o.drive) o.drive(o.drive_ctx);
     if (any_hw)
       for (std::size_t i = 0; i < n; ++i) {
         // Each device's progress sources once per check (consecutive counters usually share one).
@@ -112,8 +112,8 @@ poll_result poll_slots(const slot_list& list, const std::uint64_t* thresholds,
     const outcome r = test();
     if (!r.done) {
       // A slot without an extension block (no memory) cannot wake us: poll it in slices.
-      if (!all_registered) rel = capped(rel, nanoseconds(default_hook_interval), true);
-      rel = sleep_cap(rel, slice, o.hook != nullptr, any_hw);
+      if (!all_registered) rel = capped(rel, nanoseconds(default_drive_interval), true);
+      rel = sleep_cap(rel, slice, o.drive != nullptr, any_hw);
       // Dekker with notify_ext(): it bumps seq, then loads sleeping; we store sleeping, then
       // load seq. One of the two sees the other, so a bump we miss here comes with a wake.
       w.sleeping.store(1, std::memory_order_seq_cst);

@@ -101,14 +101,14 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   const std::uint64_t base = g.base, need = g.need, mask = g.mask;
 
   // Fast entry of a spin waiter on a plain software counter (bench P4): nothing to drive (no
-  // hook; no hw table, so neither refreshed nor striped; no device progress source), a plain
+  // drive; no hw table, so neither refreshed nor striped; no device progress source), a plain
   // threshold. One block of clock_stride polls right away, before the engine below sets up its
   // checks, deadline and spin budget (~160 instructions): an answer already on its way (a
   // ping-pong at cache-line latency, ~35 ns per half on an idle machine) is seen without that
   // entry. The engine then runs as if called after this block: its deadline and budget count
   // from there (at most ~0.5 us later, never earlier: a timed-out wait still lasted >= timeout).
   // Checks as test(): seq_cst loads, value first, so a reached threshold wins over an error.
-  if (o.spin > nanoseconds::zero() && timeout_ms != 0 && o.hook == nullptr && s.hw == nullptr &&
+  if (o.spin > nanoseconds::zero() && timeout_ms != 0 && o.drive == nullptr && s.hw == nullptr &&
       base == 0 && mask == ~std::uint64_t{0} && s.dev->progress_sources().empty()) [[likely]] {
     if (s.value.load(std::memory_order_seq_cst) >= need) return std::errc{};
     if (s.errors.load(std::memory_order_seq_cst) != err0) return std::errc::io_error;
@@ -122,27 +122,28 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
     if (s.errors_seq_cst() != err0) return {true, std::errc::io_error, 0};
     return pending;
   };
-  // The device's own progress sources (emulated verbs CQs) are driven like a hook: a waiter on
-  // a counter fed by a wrapped ibv_qp needs no hook of its own. One relaxed load when none.
+  // The device's own progress sources (emulated verbs CQs) are driven like a drive function: a
+  // waiter on a counter fed by a wrapped ibv_qp needs no drive of its own. One relaxed load
+  // when none.
   device_core& dev = *s.dev;
   const bool shared = is_shared(s);
   auto check = [&]() noexcept -> outcome {
-    if (o.hook) o.hook(o.hook_ctx);
+    if (o.drive) o.drive(o.drive_ctx);
     dev.progress();
     if (refresh) refresh(s);
     if (shared) [[unlikely]]
       return shared_check(s, test);
     return test();
   };
-  // The hot poll. With nothing to drive (no hook, no refresh, no progress source: the software
+  // The hot poll. With nothing to drive (no drive, no refresh, no progress source: the software
   // counter case) a poll is `pause`, two loads of the counter's line and two compares (callgrind:
   // bench/opcount.sh wait_poll), as close to a raw spin loop as the EIO check allows; the plain
   // threshold (base 0, full mask) has its own loop without the subtraction. Whether there is
   // something to drive is looked at again for every block of polls (a device may gain progress
   // sources while a waiter spins), one relaxed load per block.
   auto poll = [&](unsigned n) noexcept -> outcome {
-    if (o.hook != nullptr || refresh != nullptr || s.striped() || !dev.progress_sources().empty() ||
-        n != clock_stride) [[unlikely]]
+    if (o.drive != nullptr || refresh != nullptr || s.striped() ||
+        !dev.progress_sources().empty() || n != clock_stride) [[unlikely]]
       return poll_with(check, n);
     if (base == 0 && mask == ~std::uint64_t{0})
       return hot_block<true>(s.value, s.errors, 0, mask, need, err0);
@@ -150,7 +151,7 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   };
   auto sleep = [&](nanoseconds rel, nanoseconds slice) noexcept -> outcome {
     if (shared) [[unlikely]]
-      return shared_sleep(s, test, sleep_cap(rel, slice, o.hook != nullptr, false));
+      return shared_sleep(s, test, sleep_cap(rel, slice, o.drive != nullptr, false));
     // Sequence first (acquire), then register (seq_cst RMW), then re-test (seq_cst loads): an
     // update the re-test misses sees the registration and bumps wake_seq after this read, so
     // FUTEX_WAIT either finds the word changed or is woken (compcntr:slot, compcntr:wait).
@@ -160,7 +161,7 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
     const outcome r = test();
     if (!r.done)
       futex::wait(s.wake_seq, seq,
-                  sleep_cap(rel, slice, o.hook != nullptr, slot_needs_progress(s)));
+                  sleep_cap(rel, slice, o.drive != nullptr, slot_needs_progress(s)));
     s.watch.fetch_sub(1, std::memory_order_seq_cst);
     return r;
   };

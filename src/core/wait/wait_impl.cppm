@@ -29,7 +29,7 @@ inline constexpr std::int64_t max_finite_timeout_ms = std::int64_t{1} << 40;
 inline constexpr nanoseconds max_finite_spin = std::chrono::hours(24 * 365);
 // Hot-phase polls between two clock reads. steady_clock::now() costs ~30 ns here (vDSO, TSC)
 // and one poll about one `pause` (28-36 ns): a read every 16 polls adds < 7% to a poll and
-// overshoots the spin budget or the deadline by at most ~0.5 us. With a progress hook (whose
+// overshoots the spin budget or the deadline by at most ~0.5 us. With a drive function (whose
 // cost is unknown) the clock is read after every poll.
 inline constexpr unsigned clock_stride = 16;
 
@@ -71,18 +71,18 @@ class deadline {
 };
 
 // The three phases of every wait (modules/core/wait.cppm, file comment).
-//   check(): progress hook + hardware refresh + test; the first call happens before any clock
+//   check(): drive function + hardware refresh + test; the first call happens before any clock
 //            read, so an answer found there costs no time stamp.
 //   sleep(rel, slice): register as a sleeper, re-test, futex-wait at most rel (< 0: until the
 //            deadline-free wake-up), or at most `slice` if the wait needs progress driven
-//            (progress hook, hardware counter, device progress sources), deregister; returns
+//            (drive function, hardware counter, device progress sources), deregister; returns
 //            the re-test's outcome. Whether progress is needed is decided after registering,
 //            not once per wait: a device may gain progress sources while the waiter sleeps
 //            (a QP wrapped and attached later), and the attach wakes registered sleepers
 //            (slot::kick) so they re-decide.
 //   poll(n): n hot polls (`pause`, check) or fewer if one finds the wait done; the engine calls it
 //            in blocks of `stride` polls between clock reads. A caller whose checks need nothing
-//            but loads (no hook, no device progress, no refresh) runs its own tight loop here:
+//            but loads (no drive, no device progress, no refresh) runs its own tight loop here:
 //            the hot poll is what a spin waiter's latency is made of (bench P4).
 template <class Check, class Poll, class Sleep>
 outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check, Poll&& poll,
@@ -99,7 +99,7 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check
     const bool spin_always = o.spin >= max_finite_spin;
     const bool need_clock = !spin_always || !dl.forever();
     clock::time_point spin_end = clock::time_point::max();
-    const unsigned stride = o.hook != nullptr ? 1 : clock_stride;
+    const unsigned stride = o.drive != nullptr ? 1 : clock_stride;
     for (;;) {
       if ((r = poll(stride)).done) return r;
       if (need_clock) {
@@ -125,9 +125,9 @@ outcome run_phases(std::int64_t timeout_ms, const wait_options& o, Check&& check
   // also the first sleep's "now" (a forced-sleep wait reads the clock once before it sleeps).
   clock::time_point now = clock::now();
   if (!dl.started()) dl.start(now);
-  const nanoseconds slice = o.hook_interval > std::chrono::microseconds::zero()
-                                ? nanoseconds(o.hook_interval)
-                                : nanoseconds(default_hook_interval);
+  const nanoseconds slice = o.drive_interval > std::chrono::microseconds::zero()
+                                ? nanoseconds(o.drive_interval)
+                                : nanoseconds(default_drive_interval);
   for (;;) {
     if (dl.passed(now)) return timed_out;
     if ((r = sleep(dl.next_sleep(now, nanoseconds(-1)), slice)).done) return r;
@@ -151,13 +151,13 @@ inline nanoseconds capped(nanoseconds rel, nanoseconds slice, bool needs_progres
   return needs_progress && (rel.count() < 0 || rel > slice) ? slice : rel;
 }
 
-// The longest sleep of a waiter: `slice` (opts.hook_interval) for its own hook; the device's
-// progress sources and hardware-backed counters are driven at least every 1 ms
-// (default_hook_interval) whatever the hook's interval, so a caller pacing a cheap or
-// idle hook slowly (the fi_cntr adapter with nothing bound: 50 ms) does not slow them down.
-inline nanoseconds sleep_cap(nanoseconds rel, nanoseconds slice, bool hook, bool device) noexcept {
-  rel = capped(rel, slice, hook);
-  return capped(rel, std::min(slice, nanoseconds(default_hook_interval)), device);
+// The longest sleep of a waiter: `slice` (opts.drive_interval) for its own drive function; the
+// device's progress sources and hardware-backed counters are driven at least every 1 ms
+// (default_drive_interval) whatever the drive_interval, so a caller pacing a cheap or idle
+// drive function slowly (the fi_cntr adapter with nothing bound: 50 ms) does not slow them down.
+inline nanoseconds sleep_cap(nanoseconds rel, nanoseconds slice, bool drive, bool device) noexcept {
+  rel = capped(rel, slice, drive);
+  return capped(rel, std::min(slice, nanoseconds(default_drive_interval)), device);
 }
 
 // Whether the counter's updates bypass its slot's words (a native counter the device updates, or
@@ -165,7 +165,7 @@ inline nanoseconds sleep_cap(nanoseconds rel, nanoseconds slice, bool hook, bool
 // counter's do).
 inline bool hardware_backed(const slot& s) noexcept { return s.hw != nullptr && !s.striped(); }
 
-// Whether a waiter on `s` must wake up to drive progress (besides a hook of its own): the
+// Whether a waiter on `s` must wake up to drive progress (besides a drive function of its own): the
 // counter is hardware-backed or its device has progress sources (emulated CQs). Called after
 // the waiter registered (seq_cst RMW on watch): pairs with slot::kick()'s fence, so either
 // this sees a source added before the kick or the kick sees the registration.

@@ -9,7 +9,7 @@
 //   outstanding(p) = issued(p) - completed(p), never more than credits_per_peer.
 //   acquire(p, n) takes n credits when outstanding + n <= credits_per_peer, atomically (one CAS
 //   on issued), else waits (compcntr::wait_since on the completion count that would admit it:
-//   spin, back off, sleep in the kernel; wait hooks run meanwhile).
+//   spin, back off, sleep in the kernel; drive functions run meanwhile).
 //   release(p, n) gives back n credits whose operations will never complete into the counter
 //   (cancelled before they were posted): it adds n to the counter (a "software completion"),
 //   refusing more than is outstanding.

@@ -1,7 +1,7 @@
 // The CQ bridge (compcntr_fi_bridge_*): open and bind rules with exact errno values, reading CQs
 // of every format (the common-prefix reader, batched reads with the format given, detection of
 // FI_CQ_FORMAT_CONTEXT), byte counting, statistics, max_entries, progress from several threads
-// at once (exact totals, exact return values), and the bridge as a progress hook of compcntr's
+// at once (exact totals, exact return values), and the bridge as a drive function of compcntr's
 // waits (C and C++: compcntr::fabric::bind + progress_options). Real libfabric endpoints.
 #include <compcntr/fabric.h>
 
@@ -405,7 +405,7 @@ TEST_CASE("progress from several threads at once: exact totals and exact return 
   CHECK(compcntr_fi_bridge_close(bb) == 0);
 }
 
-TEST_CASE("the bridge as a progress hook: a waiter drives the CQ (C API)") {
+TEST_CASE("the bridge as a drive function: a waiter drives the CQ (C API)") {
   auto e = any_provider();
   if (!e) return;
   soft s;
@@ -423,7 +423,7 @@ TEST_CASE("the bridge as a progress hook: a waiter drives the CQ (C API)") {
     wa.progress_ctx = bb;
     rc = compcntr_wait_comp_cntr_ex(recvd, n, 20000, &wa);
   });
-  // This thread drives A's CQ only; B's is drained by the waiter's hook alone.
+  // This thread drives A's CQ only; B's is drained by the waiter's drive function alone.
   auto pump_a = [&] { compcntr_fi_bridge_progress(ba); };
   traffic(*e, n, pump_a);
   while (rc.load() == -1) pump_a();
@@ -463,8 +463,8 @@ TEST_CASE("C++: compcntr::fabric::bind keeps the counter alive; compcntr::wait d
 
   constexpr int n = 100;
   auto pump_a = [&] { compcntr_fi_bridge_progress(ba); };
-  // The waiter starts first: its hook is the only thing that drains B's CQ (senders need the
-  // receiver's progress to go on: shm's queues are bounded).
+  // The waiter starts first: its drive function is the only thing that drains B's CQ (senders
+  // need the receiver's progress to go on: shm's queues are bounded).
   std::atomic<bool> waited{false};
   std::errc rc{};
   std::thread waiter([&] {
@@ -518,7 +518,7 @@ TEST_CASE("credits come back through a bridge: MPI-style flow control on real li
   REQUIRE(bb);
   // Each completed send on A returns one credit of peer 0.
   REQUIRE(compcntr_fi_bridge_bind(ba, compcntr_credits_counter(cr, 0), FI_SEND) == 0);
-  // The progress hook of every wait drives both endpoints' CQs (manual-progress providers
+  // The drive function of every wait drives both endpoints' CQs (manual-progress providers
   // move data only when their CQs are read).
   compcntr_fi_bridge* both[2] = {ba, bb};
   compcntr_wait_attr wa{};

@@ -458,8 +458,8 @@ TEST_CASE("adapter counters bound to bridges: fi_cntr_read and fi_cntr_wait driv
   for (fid_cntr* c : {sent, recvd, rbytes}) CHECK(fi_close(&c->fid) == 0);
 }
 
-// Review finding (2026-11-30): a wait that began before any bridge was bound had no progress
-// hook and slept on the counter alone; a bridge bound during the wait was never driven, so the
+// Review finding (2026-11-30): a wait that began before any bridge was bound had no drive
+// function and slept on the counter alone; a bridge bound during the wait was never driven, so the
 // wait lasted its whole timeout (or forever). The wait below has a 20 s timeout; 10 s is a
 // generous failure bound. Only the waiter drives A's CQ (the pump below drives B's).
 TEST_CASE("fi_cntr_wait begun before its counter was bound to a bridge drives that bridge") {

@@ -1,6 +1,7 @@
 // Wrapped ibv_qps under emulation, seen from waiters and from shared CQs: wait and poll_any drive
-// the device's progress with no hook, a waiter asleep before an attach, completions left by a
-// destroyed wrapper, one device per CQ, CQs that cannot read qp_num, refused wraps, slow hooks.
+// the device's progress with no drive function, a waiter asleep before an attach, completions
+// left by a destroyed wrapper, one device per CQ, CQs that cannot read qp_num, refused wraps,
+// slow drive functions.
 module;
 #include <doctest/doctest.h>
 
@@ -40,7 +41,7 @@ using namespace fake_verbs;
 
 #if COMPCNTR_HAVE_VERBS
 
-TEST_CASE("wait and poll_any drive the device's progress: no hook needed for a wrapped QP's CQ") {
+TEST_CASE("wait and poll_any drive the device's progress: no drive needed for a wrapped QP's CQ") {
   using namespace std::chrono_literals;
   auto dev = open_soft();
   fake_cq cq;
@@ -54,8 +55,8 @@ TEST_CASE("wait and poll_any drive the device's progress: no hook needed for a w
   CHECK(compcntr::wait(sends, 1, 0ms) == std::errc{});
   CHECK(sends.value() == 1);
 
-  // Arrives while the waiter sleeps (forced-sleep mode, no hook): its bounded sleep slices
-  // keep draining the CQ, so the completion ends the wait.
+  // Arrives while the waiter sleeps (forced-sleep mode, no drive function): its bounded sleep
+  // slices keep draining the CQ, so the completion ends the wait.
   // The producer pushes only once the waiter is registered as a sleeper on the counter: with
   // nothing driving the CQ the wait would then sleep until its timeout.
   const auto* slot = sends.native_slot();
@@ -236,7 +237,7 @@ TEST_CASE("a refused wrap leaves the application's other CQ untouched") {
   CHECK(x.pending.size() == 1);      // not drained by the refused wrap's cleanup
 }
 
-TEST_CASE("a hook paced slowly does not slow down driving the device's CQs") {
+TEST_CASE("a drive function paced slowly does not slow down driving the device's CQs") {
   using namespace std::chrono_literals;
   auto dev = open_soft();
   fake_cq cq;
@@ -248,8 +249,8 @@ TEST_CASE("a hook paced slowly does not slow down driving the device's CQs") {
   const auto t0 = std::chrono::steady_clock::now();
   std::thread waiter([&] {
     compcntr::wait_options o{.spin = 0ns};
-    o.hook = [](void*) noexcept {};
-    o.hook_interval = 10s;       // the hook wants 10 s slices; the CQ still needs 1 ms ones
+    o.drive = [](void*) noexcept {};
+    o.drive_interval = 10s;  // the drive wants 10 s slices; the CQ still needs 1 ms ones
     rc = static_cast<int>(compcntr::wait(c, 1, 20s, o));
   });
   while ((c.native_slot()->watch.load() & compcntr::detail::watch_sleepers_mask) == 0)
