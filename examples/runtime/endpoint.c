@@ -275,12 +275,12 @@ struct rt *rt_open(const struct rt_opts *o)
 	MPI_Comm_rank(MPI_COMM_WORLD, &rt->rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &rt->size);
 	struct rt_opts *opt = &rt->o;
-	if (opt->hooks)
-		rt->hooks = *opt->hooks;
-	if (!rt->hooks.sent)
-		rt->hooks.sent = no_sent;
-	if (!rt->hooks.alive)
-		rt->hooks.alive = no_alive;
+	if (opt->callbacks)
+		rt->callbacks = *opt->callbacks;
+	if (!rt->callbacks.sent)
+		rt->callbacks.sent = no_sent;
+	if (!rt->callbacks.alive)
+		rt->callbacks.alive = no_alive;
 	if (opt->size < sizeof(struct rt_msg_hdr))
 		opt->size = sizeof(struct rt_msg_hdr);
 	if (opt->window == 0)

@@ -109,7 +109,7 @@ static int send_one(struct rt *rt, int dst)
 	p->sent++;
 	rt->st.sent++;
 	rt->tx_posted++;
-	rt->hooks.sent(rt->hooks.ctx, rt->st.sent);
+	rt->callbacks.sent(rt->callbacks.ctx, rt->st.sent);
 	return 0;
 }
 

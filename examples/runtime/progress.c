@@ -155,7 +155,7 @@ static void on_credit(struct rt *rt, struct rx_slot *slot, const struct fi_cq_ta
 
 static void idle_yield(struct rt *rt)
 {
-	rt->hooks.alive(rt->hooks.ctx);
+	rt->callbacks.alive(rt->callbacks.ctx);
 	sched_yield();
 }
 
@@ -207,7 +207,7 @@ int rt_progress_n(struct rt *rt)
 	if ((++rt->tick & 255) == 0)
 		rt_live_tick(rt, 0);
 	if ((rt->tick & 63) == 0)
-		rt->hooks.alive(rt->hooks.ctx);
+		rt->callbacks.alive(rt->callbacks.ctx);
 	return n;
 }
 

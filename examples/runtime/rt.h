@@ -30,10 +30,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Hooks for a program built around the engine, called on the rank's own thread; any may be
+/* Callbacks for a program built around the engine, called on the rank's own thread; any may be
  * NULL. compcntr_runtime sets none; its test build (tests/runtime/rt_faults.c) injects failures
  * and feeds a watchdog through them. */
-struct rt_hooks {
+struct rt_callbacks {
 	void *ctx;
 	void (*sent)(void *ctx, uint64_t sent); /* after each data message posted (sent so far) */
 	void (*alive)(void *ctx); /* progress: every 64 calls, and before it yields the CPU */
@@ -59,7 +59,7 @@ struct rt_opts {
 	int spin_us; /* hot-poll time of waits before backing off (default 50; < 0: never
 	                         * sleep, poll the network like an MPI progress loop) */
 	int interval_us; /* longest sleep between progress calls in a wait (default 100) */
-	const struct rt_hooks *hooks; /* NULL: none */
+	const struct rt_callbacks *callbacks; /* NULL: none */
 };
 
 void rt_default_opts(struct rt_opts *o);

@@ -79,7 +79,7 @@ struct live_msg {
 
 struct rt {
 	struct rt_opts o;
-	struct rt_hooks hooks; /* o.hooks with no-op defaults */
+	struct rt_callbacks callbacks; /* o.callbacks with no-op defaults */
 	int rank, size;
 	struct fi_info *info;
 	struct fid_fabric *fabric;

@@ -68,7 +68,7 @@ template <class T, class V>
 /// the counter to its user publishes them), except refs = 1 (release: see the file comment; a
 /// resolver of a stale counter_id may CAS it concurrently, succeeding only on refs > 0).
 /// The values are stored; the other fields only if a previous owner left them changed (the
-/// free path leaves them reset but for pins_dead, a hook bit or a native backend's pointer):
+/// free path leaves them reset but for pins_dead, a watch bit or a native backend's pointer):
 /// every store sits in the store buffer until the next locked instruction drains it, so a
 /// field already clean costs a load instead (bench P7, one at a time). `dev` and `type` are
 /// the creating device's to set (a pool serves one device, so `dev` rarely changes).

@@ -1,4 +1,4 @@
-// compcntr:shared -- counters shared by the processes of a node: the hooks the core calls.
+// compcntr:shared -- counters shared by the processes of a node: the entry points the core calls.
 //
 // Purpose: a shared device ("shm:NAME", device::open_shared) keeps its counters' values in a
 // POSIX shared-memory segment that every process of the user (or of a group, by mode) opens by

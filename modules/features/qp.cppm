@@ -175,7 +175,7 @@ class qp_impl {
   /// complete() on this QP any more. Called once, by destroy().
   virtual void shutdown() noexcept {}
   /// Programs native hardware for a validated attachment (nothing for software counting).
-  virtual std::error_code attach_hook(slot&, std::uint32_t /*op_mask*/) noexcept { return {}; }
+  virtual std::error_code on_attach(slot&, std::uint32_t /*op_mask*/) noexcept { return {}; }
 
   mutable std::mutex ctl_; ///< control path: transitions, connect, attach
   std::atomic<qp_state> state_;

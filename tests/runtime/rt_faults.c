@@ -1,7 +1,7 @@
 /* compcntr_runtime_test: the test build of examples/runtime's compcntr_runtime (suite runtime).
  * The same program (examples/runtime's files but its main.c) with a main of its own that takes
- * the test's options out of the command line and, through the engine's hooks (struct
- * rt_hooks), injects failures and feeds a watchdog:
+ * the test's options out of the command line and, through the engine's callbacks (struct
+ * rt_callbacks), injects failures and feeds a watchdog:
  *
  *   --fail-rank R --fail-at K --fail-mode exit|hang
  *                  rank R, after posting its K-th message, exits (code 3) or hangs (makes no
@@ -12,9 +12,9 @@
  *
  * Every other option is compcntr_runtime's. The watchdog measures time *outside* the engine's
  * progress: every wait of the engine is bounded by --timeout-ms and drives progress, which
- * calls the `alive` hook every 64 calls and before it yields the CPU (on a busy machine one
+ * calls the `alive` callback every 64 calls and before it yields the CPU (on a busy machine one
  * yield can last many ms), so a rank that stops calling it for S seconds is stuck where
- * nothing is bounded (a blocking MPI call on a hung peer) or stopped. The hook re-arms
+ * nothing is bounded (a blocking MPI call on a hung peer) or stopped. The callback re-arms
  * alarm(S) at most every 250 ms, so a healthy run of any length is never cut short. Setting up
  * (rt_open: MPI collectives, no progress yet) gets the default allowance however short S is:
  * it took about 1 s on a busy 2-vCPU machine.
@@ -40,7 +40,7 @@ struct faults {
 	int fail_mode;    /* enum fail_mode */
 	uint64_t fail_at; /* messages posted before the failure */
 	int watchdog_s;
-	double next_pet; /* when the alive hook next re-arms the alarm */
+	double next_pet; /* when the alive callback next re-arms the alarm */
 };
 
 static void on_sent(void *ctx, uint64_t sent)
@@ -147,8 +147,10 @@ int main(int argc, char **argv)
 			f.watchdog_s = setup_s;
 		signal(SIGALRM, on_alarm);
 		alarm((unsigned)(f.watchdog_s > setup_s ? f.watchdog_s : setup_s));
-		const struct rt_hooks hooks = { .ctx = &f, .sent = on_sent, .alive = on_alive };
-		o.hooks = &hooks;
+		const struct rt_callbacks callbacks = { .ctx = &f,
+			                                .sent = on_sent,
+			                                .alive = on_alive };
+		o.callbacks = &callbacks;
 		rc = rt_run(&o);
 		alarm(0);
 	}

@@ -1,7 +1,7 @@
 // Shared devices: the counters. Holds cell ownership (free_cell, release_cell, bind: a slot
 // bound to its cell as a 2-stripe counter), the counter operations (shared_counter_ops), the
 // shared backend (bind_counter claims a free cell, unbind_counter lets go of it, and
-// open_shared_backend), the hooks the core calls (compcntr:shared: notify_shared, ids, wait
+// open_shared_backend), the entry points the core calls (compcntr:shared: notify_shared, ids, wait
 // words, creator death) and resolve_shared_slot (a counter of the segment by its id). The
 // guarantees and the memory ordering: the file comment of compcntr:shared_impl
 // (src/core/shared/segment_impl.cppm).

@@ -35,7 +35,7 @@
 // The units (this partition holds what they share):
 //   segment.cpp  open (validation, stale replacement, initialisation, registration) and close
 //   sweep.cpp    process identity (pid + start time), the sweep of dead processes
-//   cells.cpp    cell ownership, the counter operations, the backend, resolve, the core's hooks
+//   cells.cpp    cell ownership, the counter operations, the backend, resolve, the core's entry points
 //   watcher.cpp  the fd watcher thread (pollable fds and triggers of shared counters)
 module;
 #include <sys/mman.h>
@@ -64,38 +64,38 @@ namespace compcntr::detail {
 
 struct shared_segment {
   struct local {
-    slot* s = nullptr;  ///< the newest local slot bound to the cell
-    std::uint32_t count = 0;  ///< local slots bound to it (2 while one dies and one is made)
-    std::atomic<std::uint64_t> gen{0};  ///< the cell's generation when bound
+    slot* s = nullptr; ///< the newest local slot bound to the cell
+    std::uint32_t count = 0; ///< local slots bound to it (2 while one dies and one is made)
+    std::atomic<std::uint64_t> gen{0}; ///< the cell's generation when bound
   };
 
-  std::string name;      ///< NAME
-  std::string dev_name;  ///< "shm:NAME"
-  std::string shm_name;  ///< "/compcntr.NAME"
+  std::string name; ///< NAME
+  std::string dev_name; ///< "shm:NAME"
+  std::string shm_name; ///< "/compcntr.NAME"
   int fd = -1;
   void* base = nullptr;
   std::size_t size = 0;
   shm::header* hdr = nullptr;
   shm::cell* cells = nullptr;
   shm::record* records = nullptr;
-  std::uint32_t cell_count = 0;  ///< validated at open; never re-read from the segment
-  std::uint32_t me = 0;          ///< our process entry
+  std::uint32_t cell_count = 0; ///< validated at open; never re-read from the segment
+  std::uint32_t me = 0; ///< our process entry
   std::uint64_t my_word = 0;
-  std::mutex mu;  ///< locals
+  std::mutex mu; ///< locals
   std::unique_ptr<local[]> locals;
   std::atomic<std::int64_t> next_sweep_ns{0};
-  pid_t opener_pid = 0;  ///< the process that opened it (a forked child is another one)
+  pid_t opener_pid = 0; ///< the process that opened it (a forked child is another one)
 
   // ---- the fd watcher (docs/shared.md, "Pollable fds"): one thread of this process, started
   // by the first arm of a shared counter's fd, joined at close. While an fd is armed it sleeps
   // on the segment's wake word as a waiter does (counted in `sleepers`), so every process's
   // update wakes it; it then checks the registered slots and signals the fds that are due.
-  std::mutex watch_mu;  ///< guards the members below; never held while taking `mu`
-  std::condition_variable watch_cv;  ///< the parked watcher (nothing armed) waits here
-  std::vector<slot*> watched;  ///< slots whose fd was armed once, until they are unbound
-  bool watch_stop = false;  ///< close: the watcher returns
-  bool watch_pending = false;  ///< an arm since the watcher's last scan
-  std::thread* watcher = nullptr;  ///< nullptr until the first arm
+  std::mutex watch_mu; ///< guards the members below; never held while taking `mu`
+  std::condition_variable watch_cv; ///< the parked watcher (nothing armed) waits here
+  std::vector<slot*> watched; ///< slots whose fd was armed once, until they are unbound
+  bool watch_stop = false; ///< close: the watcher returns
+  bool watch_pending = false; ///< an arm since the watcher's last scan
+  std::thread* watcher = nullptr; ///< nullptr until the first arm
 
   inline ~shared_segment() { close(); }
 

@@ -80,7 +80,7 @@ std::error_code qp_impl::attach(slot& s, const attach_options& o) noexcept {
     if (!take_counter_ref(s))
       return fail(EINVAL, "qp_attach_comp_cntr: counter %u is being destroyed", s.index);
   }
-  if (auto e = attach_hook(s, o.op_mask)) {
+  if (auto e = on_attach(s, o.op_mask)) {
     if (!have) unref_counter_slot(s);
     return e;
   }

@@ -174,7 +174,7 @@ class verbs_qp final : public qp_impl {
     return 0;
   }
 
-  std::error_code attach_hook(slot& s, std::uint32_t op_mask) noexcept override {
+  std::error_code on_attach(slot& s, std::uint32_t op_mask) noexcept override {
     if (!native_) return {};
     return device().be().native_attach()->attach(q_, s, op_mask);
   }
