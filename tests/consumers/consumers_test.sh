@@ -42,7 +42,10 @@ meson)
   mkdir -p "$p/subprojects"
   cp "$src/tests/consumers/meson/meson.build" "$src"/tests/consumers/src/* "$p/"
   ln -s "$src" "$p/subprojects/compcntr"
-  CC=$cc CXX=$cxx meson setup "$p/build" "$p" >"$tmp/setup.log" 2>&1 ||
+  # buildtype plain (no optimisation, no debug information): what is checked is that the
+  # subproject fallback builds and links, not its code generation; ~15% less compile time in
+  # the longest test of CI's normal build (its project's default stays debugoptimized).
+  CC=$cc CXX=$cxx meson setup "$p/build" "$p" -Dbuildtype=plain >"$tmp/setup.log" 2>&1 ||
     { cat "$tmp/setup.log"; fail "meson setup of the consumer failed"; }
   grep -q "compcntr: YES" "$tmp/setup.log" || { cat "$tmp/setup.log"; fail "compcntr did not come from the subproject"; }
   # The consumer's programs and what they link, not the subproject's DL providers (the hook,

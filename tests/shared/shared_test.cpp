@@ -11,6 +11,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -1619,6 +1620,67 @@ TEST_CASE("shared waits: a process killed asleep gives its sleeper count back at
   CHECK(compcntr_sweep_shared_device(d, &reclaimed) == 0);
   CHECK(reclaimed == 0);
   CHECK(view.hdr().sleepers.load() == 0);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
+// The epoll loop of a runtime whose peers are other processes (issue 21: "pollable fds work for
+// waiters in another process"; the poll(2) cases above): one fd armed for a threshold per batch
+// in an epoll set, two processes adding. Each batch wakes epoll_wait exactly once, when its
+// last add reaches the threshold, with one signal; a fresh arm below the threshold is not readable.
+TEST_CASE("shared fds: an epoll loop wakes once per batch of two other processes' updates") {
+  seg_name n("fdepoll");
+  compcntr_device* d = open_or_fail(n);
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  const int fd = get_fd(c);
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  REQUIRE(ep >= 0);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+  constexpr int batches = 40, per_child = 5; // each batch: both children add 5 in steps of 1
+  channel go_a, go_b;
+  auto child = [&](const channel& go) {
+    compcntr_device* cd = child_open(n);
+    compcntr_comp_cntr* r = child_resolve(cd, id);
+    char x = 0;
+    for (int b = 0; b < batches; ++b) {
+      CHILD_CHECK(go.recv(x));
+      for (int k = 0; k < per_child; ++k) CHILD_CHECK(compcntr_inc_comp_cntr(r, 1) == 0);
+    }
+    CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+    CHILD_CHECK(compcntr_close_device(cd) == 0);
+  };
+  const pid_t a = spawn([&] { child(go_a); });
+  const pid_t b = spawn([&] { child(go_b); });
+  int wakeups = 0;
+  for (int k = 1; k <= batches; ++k) {
+    const std::uint64_t threshold = std::uint64_t{2 * per_child} * k;
+    REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, threshold) == 0);
+    epoll_event got[4];
+    CHECK(::epoll_wait(ep, got, 4, 0) == 0); // not reached yet: not readable after the arm
+    go_a.send('g');
+    go_b.send('g');
+    int r = 0;
+    while ((r = ::epoll_wait(ep, got, 4, 10000)) < 0 && errno == EINTR) {
+    }
+    REQUIRE(r == 1);
+    ++wakeups;
+    CHECK(got[0].data.fd == fd);
+    CHECK(value(c) == threshold); // the batch's last add reached it (no batch runs ahead)
+    std::uint64_t ticks = 0;
+    CHECK(::read(fd, &ticks, sizeof ticks) == 8);
+    CHECK(ticks == 1);
+  }
+  CHECK(wakeups == batches);
+  CHECK(reap(a) == 0);
+  CHECK(reap(b) == 0);
+  CHECK(value(c) == std::uint64_t{2 * per_child} * batches);
+  epoll_event got[4];
+  CHECK(::epoll_wait(ep, got, 4, 0) == 0); // nothing armed, nothing left to read
+  ::close(ep);
   CHECK(compcntr_destroy_comp_cntr(c) == 0);
   CHECK(compcntr_close_device(d) == 0);
 }
