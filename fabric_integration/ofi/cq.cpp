@@ -25,6 +25,55 @@
 
 namespace compcntr_ofi {
 
+namespace {
+// A queue whose room is reserved before the provider is read, so that an entry taken from the
+// provider is never dropped for want of memory: reserve fails first, with nothing read. A
+// reservation outlives the lock (the layer's sread reserves, reads the provider unlocked,
+// then pushes): other pushers' reservations count against the same capacity.
+template <class T>
+class fifo {
+ public:
+  bool empty() const noexcept { return n_ == 0; }
+  T& front() noexcept { return v_[head_]; }
+  void pop_front() noexcept {
+    v_[head_] = T{}; // an error's data goes now, not when the slot is reused
+    head_ = (head_ + 1) % v_.size();
+    --n_;
+  }
+  // Room for `k` more push_back calls that do not allocate; false (and nothing changed) when
+  // memory is short.
+  bool reserve(std::size_t k) noexcept {
+    if (n_ + reserved_ + k > v_.size()) {
+      try {
+        // 16: one batch of the provider's reads; doubling keeps pushes amortised O(1)
+        std::vector<T> w(std::max<std::size_t>({2 * v_.size(), n_ + reserved_ + k, 16}));
+        for (std::size_t i = 0; i < n_; ++i) w[i] = std::move(v_[(head_ + i) % v_.size()]);
+        v_.swap(w);
+        head_ = 0;
+      } catch (...) {
+        return false;
+      }
+    }
+    reserved_ += k;
+    return true;
+  }
+  // Uses one reserved place.
+  void push_back(T x) noexcept {
+    v_[(head_ + n_) % v_.size()] = std::move(x);
+    ++n_;
+    --reserved_;
+  }
+  // Gives back `k` reserved places that were not used.
+  void unreserve(std::size_t k) noexcept { reserved_ -= k; }
+
+ private:
+  std::vector<T> v_;
+  std::size_t head_ = 0;
+  std::size_t n_ = 0;
+  std::size_t reserved_ = 0;
+};
+} // namespace
+
 struct cq_st {
   fid_cq* cq = nullptr;
   std::size_t app_size = sizeof(fi_cq_entry); // the application's entry size
@@ -37,8 +86,8 @@ struct cq_st {
     fi_cq_err_entry e;
     std::vector<std::uint8_t> data;
   };
-  std::deque<entry> q;
-  std::deque<error> errs;
+  fifo<entry> q;   // room for a batch is reserved before each read of the provider
+  fifo<error> errs; // room for one before each fi_cq_readerr of the provider's
   std::vector<std::uint8_t> err_data; // what the last fi_cq_readerr handed out
   // fi_cq_signal's wake-up, kept by the layer: the provider's sread returns -FI_EAGAIN both
   // for a signal and for the end of a slice, so the layer's sread cannot tell them apart.
@@ -100,22 +149,30 @@ bool keep(cq_st* s, fi_cq_tagged_entry& e, bool error) noexcept {
 }
 
 // Reads one error entry from the provider into the CQ's error queue (under mu()).
+// Without memory for the queue the provider is not read (false: the entry stays there); the
+// provider's error data, when it cannot be copied, is left out (err_data_size 0), the entry
+// is kept.
 bool pull_error(cq_st* s) noexcept {
+  if (!s->errs.reserve(1)) return false;
   fi_cq_err_entry ee{};
   const ssize_t r = orig_cq(s->cq)->readerr(s->cq, &ee, 0);
-  if (r <= 0) return false;
+  if (r <= 0) {
+    s->errs.unreserve(1);
+    return false;
+  }
+  cq_st::error er{ee, {}};
   try {
-    cq_st::error er{ee, {}};
     if (ee.err_data && ee.err_data_size)
       er.data.assign(static_cast<std::uint8_t*>(ee.err_data),
                      static_cast<std::uint8_t*>(ee.err_data) + ee.err_data_size);
-    fi_cq_tagged_entry t{ee.op_context, ee.flags, ee.len, ee.buf, ee.data, ee.tag};
-    keep(s, t, true);
-    er.e.op_context = t.op_context;
-    s->errs.push_back(std::move(er));
   } catch (...) {
-    return false;
+    er.e.err_data_size = 0;
   }
+  er.e.err_data = nullptr;
+  fi_cq_tagged_entry t{ee.op_context, ee.flags, ee.len, ee.buf, ee.data, ee.tag};
+  keep(s, t, true);
+  er.e.op_context = t.op_context;
+  s->errs.push_back(std::move(er));
   return true;
 }
 
@@ -133,20 +190,20 @@ ssize_t take(cq_st* s, void* buf, std::size_t count, fi_addr_t* src) noexcept {
     while (s->q.empty()) {
       fi_cq_tagged_entry tmp[16];
       fi_addr_t srcs[16];
+      if (!s->q.reserve(16)) return -FI_ENOMEM; // the provider's entries stay there
       const ssize_t r = o->readfrom(s->cq, tmp, 16, srcs);
+      std::size_t used = 0;
+      for (ssize_t i = 0; i < r; ++i)
+        if (keep(s, tmp[i], false)) {
+          s->q.push_back({tmp[i], srcs[i]});
+          ++used;
+        }
+      s->q.unreserve(16 - used);
       if (r == -FI_EAVAIL) {
         pull_error(s); // or the application's fi_cq_readerr reads it
         return -FI_EAVAIL;
       }
       if (r <= 0) return r == 0 ? -FI_EAGAIN : r;
-      for (ssize_t i = 0; i < r; ++i)
-        if (keep(s, tmp[i], false)) {
-          try {
-            s->q.push_back({tmp[i], srcs[i]});
-          } catch (...) {
-            return -FI_ENOMEM; // lost: the provider's entry was read
-          }
-        }
     }
     return 0;
   }
@@ -242,21 +299,26 @@ ssize_t sread_common(fid_cq* cq, void* buf, size_t count, fi_addr_t* src, const 
     fi_addr_t srcs[16];
     const std::size_t want = std::min<std::size_t>(16, count);
     const fi_ops_cq* o = orig_cq(cq);
-    // sreadfrom always: util's sread is a call of fi_cq_sreadfrom through the table (ours)
-    const ssize_t got = o->sreadfrom(cq, tmp, want, srcs, cond, slice);
-    if (got > 0) {
+    {
       in_layer g;
       std::lock_guard lk(mu());
+      if (!s->q.reserve(want)) return -FI_ENOMEM; // nothing read from the provider
+    }
+    // sreadfrom always: util's sread is a call of fi_cq_sreadfrom through the table (ours)
+    const ssize_t got = o->sreadfrom(cq, tmp, want, srcs, cond, slice);
+    {
+      in_layer g;
+      std::lock_guard lk(mu());
+      std::size_t used = 0;
       for (ssize_t i = 0; i < got; ++i)
         if (keep(s, tmp[i], false)) {
-          try {
-            s->q.push_back({tmp[i], srcs[i]});
-          } catch (...) {
-          }
+          s->q.push_back({tmp[i], srcs[i]});
+          ++used;
         }
-    } else if (got != -FI_EAGAIN && got != -FI_ETIMEDOUT && got != -FI_EAVAIL) {
-      return got; // a CQ without a wait object (-FI_ENOSYS), or another failure
+      s->q.unreserve(want - used);
     }
+    if (got <= 0 && got != -FI_EAGAIN && got != -FI_ETIMEDOUT && got != -FI_EAVAIL)
+      return got; // a CQ without a wait object (-FI_ENOSYS), or another failure
   }
 }
 // The layer's flag first: a reader woken by the provider's signal then finds it set.
@@ -354,56 +416,70 @@ int cq_open(fid_domain* d, fi_cq_attr* attr, fid_cq** cq, void* context,
   return 0;
 }
 
+namespace {
+cq_st* find_cq(fid_cq* cq) noexcept { // under mu()
+  for (cq_st* s : cqs())
+    if (s->cq == cq) return s;
+  return nullptr;
+}
+} // namespace
+
 void cq_drain(fid_cq* cq) noexcept {
   std::lock_guard lk(mu());
-  cq_st* s = nullptr;
-  for (cq_st* c : cqs())
-    if (c->cq == cq) s = c;
+  cq_st* s = find_cq(cq);
   if (s == nullptr) return;
   const fi_ops_cq* o = orig_cq(cq);
   for (;;) {
     fi_cq_tagged_entry tmp[16];
     fi_addr_t srcs[16];
+    if (!s->q.reserve(16)) return; // the provider keeps its entries for a later read
     const ssize_t r = o->readfrom(cq, tmp, 16, srcs);
+    std::size_t used = 0;
+    for (ssize_t i = 0; i < r; ++i)
+      if (keep(s, tmp[i], false)) {
+        s->q.push_back({tmp[i], srcs[i]});
+        ++used;
+      }
+    s->q.unreserve(16 - used);
     if (r == -FI_EAVAIL) {
       pull_error(s);
       return;
     }
-    if (r <= 0) return;
-    for (ssize_t i = 0; i < r; ++i)
-      if (keep(s, tmp[i], false)) {
-        try {
-          s->q.push_back({tmp[i], srcs[i]});
-        } catch (...) {
-        }
-      }
     if (r < 16) return;
   }
 }
 
-void cq_push_error(fid_cq* cq, void* context, std::uint64_t flags, int err) noexcept {
+bool cq_reserve_error(fid_cq* cq) noexcept {
   std::lock_guard lk(mu());
-  for (cq_st* s : cqs())
-    if (s->cq == cq) {
-      cq_st::error er{};
-      er.e.op_context = context;
-      er.e.flags = flags;
-      er.e.err = err;
-      er.e.prov_errno = -err;
-      try {
-        s->errs.push_back(std::move(er));
-      } catch (...) {
-      }
-      return;
-    }
+  cq_st* s = find_cq(cq);
+  return s == nullptr || s->errs.reserve(1);
 }
 
-void inflight_add(item* it) noexcept {
+void cq_unreserve_error(fid_cq* cq) noexcept {
+  std::lock_guard lk(mu());
+  if (cq_st* s = find_cq(cq)) s->errs.unreserve(1);
+}
+
+void cq_push_error(fid_cq* cq, void* context, std::uint64_t flags, int err) noexcept {
+  std::lock_guard lk(mu());
+  if (cq_st* s = find_cq(cq)) {
+    cq_st::error er{};
+    er.e.op_context = context;
+    er.e.flags = flags;
+    er.e.err = err;
+    er.e.prov_errno = -err;
+    s->errs.push_back(std::move(er));
+  }
+}
+
+bool inflight_add(item* it) noexcept {
   std::lock_guard lk(mu());
   try {
     inflight().insert(it);
   } catch (...) {
+    return false;
   }
+  return true;
 }
 void inflight_remove(item* it) noexcept {
   std::lock_guard lk(mu());

@@ -123,10 +123,17 @@ ssize_t post_atomicmsg(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* compa
 int cq_open(fid_domain* d, fi_cq_attr* attr, fid_cq** cq, void* context, const fi_ops_domain* orig);
 /// Reads what the provider has on `cq` into the CQ's own queue (the layer's entries handled).
 void cq_drain(fid_cq* cq) noexcept;
-/// An error entry of the layer's own (a triggered operation the provider refused to post).
+/// Room for one error entry of the layer's own on `cq` (false: no memory; nothing changed).
+/// Made before a triggered operation is posted, so that a refusal is never lost.
+bool cq_reserve_error(fid_cq* cq) noexcept;
+/// Gives back the room of cq_reserve_error (the operation was posted or will be retried).
+void cq_unreserve_error(fid_cq* cq) noexcept;
+/// An error entry of the layer's own (a triggered operation the provider refused to post),
+/// in the room cq_reserve_error made.
 void cq_push_error(fid_cq* cq, void* context, std::uint64_t flags, int err) noexcept;
 /// The layer's posted operations waiting for their completion entry (context -> item).
-void inflight_add(item* it) noexcept;
+/// inflight_add is called before the operation is posted (false: no memory, not posted).
+bool inflight_add(item* it) noexcept;
 void inflight_remove(item* it) noexcept;
 
 // cntr.cpp

@@ -48,7 +48,15 @@ ssize_t post(item* it) noexcept {
   // Deferred work with a completion counter is posted with the item as its context and
   // FI_COMPLETION: its completion entry (cq.cpp) counts the counter and goes on to the
   // application with the application's context, if it asked for one.
-  const bool track = it->completion != nullptr && e != nullptr && cq_of(it, e) != nullptr;
+  fid_cq* const ecq = e != nullptr ? cq_of(it, e) : nullptr;
+  const bool track = it->completion != nullptr && ecq != nullptr;
+  // Room for the error entry of a refusal, and the item known as a context, before the
+  // provider sees the operation: neither can fail after it (-FI_EAGAIN: nothing posted).
+  if (ecq != nullptr && !cq_reserve_error(ecq)) return -FI_EAGAIN;
+  if (track && !inflight_add(it)) {
+    cq_unreserve_error(ecq);
+    return -FI_EAGAIN;
+  }
   void* ctx = track ? static_cast<void*>(it) : it->context;
   const std::uint64_t flags = track ? (it->flags | FI_COMPLETION) : it->flags;
   ssize_t r;
@@ -91,6 +99,10 @@ ssize_t post(item* it) noexcept {
       break;
     }
   }
+  if (r != 0 && track) inflight_remove(it);
+  if (r == 0 || r == -FI_EAGAIN) {
+    if (ecq != nullptr) cq_unreserve_error(ecq);
+  }
   if (r == -FI_EAGAIN) return r;
   if (r != 0) {
     // The provider refused the operation: it completes with an error entry on the
@@ -99,17 +111,15 @@ ssize_t post(item* it) noexcept {
     FI_WARN(&compcntr_hook::self(), FI_LOG_EP_DATA,
             "a triggered operation was refused by the provider below: %s\n",
             fi_strerror(static_cast<int>(-r)));
-    if (e != nullptr) {
-      if (fid_cq* cq = cq_of(it, e)) cq_push_error(cq, it->context, 0, static_cast<int>(-r));
+    if (ecq != nullptr) cq_push_error(ecq, it->context, 0, static_cast<int>(-r));
+    if (e != nullptr)
       if (fid_cntr* c = cntr_of(it, e)) fi_cntr_adderr(c, 1);
-    }
     if (it->completion) fi_cntr_adderr(it->completion, 1);
     it->state = s_done;
     return 0;
   }
   if (track) {
     it->state = s_inflight;
-    inflight_add(it);
   } else {
     if (it->completion) fi_cntr_add(it->completion, 1); // no CQ to see the completion on
     it->state = s_done;
