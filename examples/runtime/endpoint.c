@@ -92,12 +92,21 @@ static int open_endpoint(struct rt *rt)
 	        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
 	hints->domain_attr->threading = FI_THREAD_DOMAIN;
 	hints->fabric_attr->prov_name = strdup(opt->provider);
+	/* --iface: that interface's domain, or a clear failure. Without the name the IP providers
+	 * fall back to another interface (loopback) when the asked one is not running yet, and
+	 * the ranks of the other host then fail far from the cause (connect(): EINVAL, then
+	 * "fi_tsend: Invalid argument"). */
+	if (opt->iface && strncmp(opt->provider, "shm", 3) != 0)
+		hints->domain_attr->name = strdup(opt->iface);
 	int r = fi_getinfo(FI_VERSION(1, 17), opt->addr, NULL, opt->addr ? FI_SOURCE : 0, hints,
 	                   &rt->info);
 	fi_freeinfo(hints);
 	if (r)
-		return rt_fail(rt, "fi_getinfo(%s, FI_EP_RDM, tagged + RMA%s%s): %s", opt->provider,
-		               opt->addr ? ", " : "", opt->addr ? opt->addr : "", fi_strerror(-r));
+		return rt_fail(rt, "fi_getinfo(%s, FI_EP_RDM, tagged + RMA%s%s%s%s): %s%s",
+		               opt->provider, opt->addr ? ", " : "", opt->addr ? opt->addr : "",
+		               opt->iface ? ", domain " : "", opt->iface ? opt->iface : "",
+		               fi_strerror(-r),
+		               opt->iface ? " (is the interface up and running?)" : "");
 	if (rt->info->domain_attr->cq_data_size < 4)
 		return rt_fail(rt, "provider %s has %zu bytes of CQ data: credit messages need 4",
 		               rt->info->fabric_attr->prov_name,

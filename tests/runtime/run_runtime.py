@@ -74,6 +74,23 @@ class TwoHosts:
             self.ip('-n', n, 'addr', 'add', a + '/24', 'dev', 'ccnet0')
             self.ip('-n', n, 'link', 'set', 'ccnet0', 'up')
             self.ip('-n', n, 'link', 'set', 'lo', 'up')
+        # A link set up is running only once the kernel's link watch has run (up to a second
+        # later, more on a loaded machine): until then libfabric's tcp lists no address on it
+        # and a rank falls back to 127.0.0.1 (the second host's ranks then fail to connect,
+        # 13 runs of 15 in one series). Both ends running before mpirun starts (a condition
+        # polled, bounded at 20 s).
+        deadline = time.monotonic() + 20
+        for n in self.ns:
+            while True:
+                r = subprocess.run(['ip', 'netns', 'exec', n, 'cat',
+                                    '/sys/class/net/ccnet0/operstate'],
+                                   capture_output=True, text=True)
+                if r.stdout.strip() == 'up':
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f'ccnet0 in {n} is not running after 20 s '
+                                       f'(operstate {r.stdout.strip() or r.stderr.strip()})')
+                time.sleep(0.05)   # polling the kernel's state, not waiting a guessed time
         agent = os.path.join(self.dir, 'agent.sh')
         with open(agent, 'w') as f:
             f.write('#!/bin/sh\n# rsh agent: "agent [options] HOST COMMAND..." runs COMMAND in HOST\'s'

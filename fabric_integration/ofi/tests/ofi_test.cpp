@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -19,19 +20,51 @@
 using namespace fipair;
 
 // Every operator new of the process (the layer's included: a replacement in the program
-// replaces it for every shared object) fails while this is set.
+// replaces it for every shared object) fails while this is set. Every form is replaced, the
+// deletes too, so that under ASan no allocation meets a deallocator of another family.
 static std::atomic<bool> g_fail_new{false};
 
-void* operator new(std::size_t n) {
-  if (g_fail_new.load(std::memory_order_relaxed)) throw std::bad_alloc();
-  if (void* p = std::malloc(n ? n : 1)) return p;
+namespace {
+void* alloc_or_null(std::size_t n, std::size_t align) noexcept {
+  if (g_fail_new.load(std::memory_order_relaxed)) return nullptr;
+  void* p = nullptr;
+  if (align <= alignof(std::max_align_t)) return std::malloc(n ? n : 1);
+  return ::posix_memalign(&p, align, n ? n : 1) == 0 ? p : nullptr;
+}
+void* alloc_or_throw(std::size_t n, std::size_t align) {
+  if (void* p = alloc_or_null(n, align)) return p;
   throw std::bad_alloc();
 }
-void* operator new[](std::size_t n) { return ::operator new(n); }
+} // namespace
+
+void* operator new(std::size_t n) { return alloc_or_throw(n, 0); }
+void* operator new[](std::size_t n) { return alloc_or_throw(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  return alloc_or_throw(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return alloc_or_throw(n, static_cast<std::size_t>(a));
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return alloc_or_null(n, 0); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return alloc_or_null(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  return alloc_or_null(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  return alloc_or_null(n, static_cast<std::size_t>(a));
+}
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 
