@@ -176,6 +176,31 @@ bool pull_error(cq_st* s) noexcept {
   return true;
 }
 
+// Pushes the entries of tmp[0..n) that go on to the application into `reserved` places made
+// for them in the CQ's queue and gives back the rest (under mu()).
+void queue_kept(cq_st* s, fi_cq_tagged_entry* tmp, const fi_addr_t* srcs, ssize_t n,
+                std::size_t reserved) noexcept {
+  std::size_t used = 0;
+  for (ssize_t i = 0; i < n; ++i)
+    if (keep(s, tmp[i], false)) {
+      s->q.push_back({tmp[i], srcs[i]});
+      ++used;
+    }
+  s->q.unreserve(reserved - used);
+}
+
+// One read of up to 16 of the provider's entries into the CQ's queue, in room reserved first
+// (under mu()): -FI_ENOMEM when there is none (nothing read), else what the provider's read
+// returned.
+ssize_t fill_queue(cq_st* s) noexcept {
+  if (!s->q.reserve(16)) return -FI_ENOMEM;
+  fi_cq_tagged_entry tmp[16];
+  fi_addr_t srcs[16];
+  const ssize_t r = orig_cq(s->cq)->readfrom(s->cq, tmp, 16, srcs);
+  queue_kept(s, tmp, srcs, r, 16);
+  return r;
+}
+
 // Up to `count` entries into buf (and src); the provider read while the CQ's queue runs dry.
 // count 0 is a peek (util's fi_poll reads a CQ so): 0 when an entry for the application is
 // ready, -FI_EAVAIL for an error entry, -FI_EAGAIN for none; the provider's entries read to
@@ -186,19 +211,8 @@ ssize_t take(cq_st* s, void* buf, std::size_t count, fi_addr_t* src) noexcept {
   std::lock_guard lk(mu());
   if (!s->errs.empty()) return -FI_EAVAIL;
   if (count == 0) {
-    const fi_ops_cq* o = orig_cq(s->cq);
     while (s->q.empty()) {
-      fi_cq_tagged_entry tmp[16];
-      fi_addr_t srcs[16];
-      if (!s->q.reserve(16)) return -FI_ENOMEM; // the provider's entries stay there
-      const ssize_t r = o->readfrom(s->cq, tmp, 16, srcs);
-      std::size_t used = 0;
-      for (ssize_t i = 0; i < r; ++i)
-        if (keep(s, tmp[i], false)) {
-          s->q.push_back({tmp[i], srcs[i]});
-          ++used;
-        }
-      s->q.unreserve(16 - used);
+      const ssize_t r = fill_queue(s); // -FI_ENOMEM: the provider's entries stay there
       if (r == -FI_EAVAIL) {
         pull_error(s); // or the application's fi_cq_readerr reads it
         return -FI_EAVAIL;
@@ -309,13 +323,7 @@ ssize_t sread_common(fid_cq* cq, void* buf, size_t count, fi_addr_t* src, const 
     {
       in_layer g;
       std::lock_guard lk(mu());
-      std::size_t used = 0;
-      for (ssize_t i = 0; i < got; ++i)
-        if (keep(s, tmp[i], false)) {
-          s->q.push_back({tmp[i], srcs[i]});
-          ++used;
-        }
-      s->q.unreserve(want - used);
+      queue_kept(s, tmp, srcs, got, want);
     }
     if (got <= 0 && got != -FI_EAGAIN && got != -FI_ETIMEDOUT && got != -FI_EAVAIL)
       return got; // a CQ without a wait object (-FI_ENOSYS), or another failure
@@ -428,19 +436,8 @@ void cq_drain(fid_cq* cq) noexcept {
   std::lock_guard lk(mu());
   cq_st* s = find_cq(cq);
   if (s == nullptr) return;
-  const fi_ops_cq* o = orig_cq(cq);
   for (;;) {
-    fi_cq_tagged_entry tmp[16];
-    fi_addr_t srcs[16];
-    if (!s->q.reserve(16)) return; // the provider keeps its entries for a later read
-    const ssize_t r = o->readfrom(cq, tmp, 16, srcs);
-    std::size_t used = 0;
-    for (ssize_t i = 0; i < r; ++i)
-      if (keep(s, tmp[i], false)) {
-        s->q.push_back({tmp[i], srcs[i]});
-        ++used;
-      }
-    s->q.unreserve(16 - used);
+    const ssize_t r = fill_queue(s); // -FI_ENOMEM: the provider keeps them for a later read
     if (r == -FI_EAVAIL) {
       pull_error(s);
       return;
