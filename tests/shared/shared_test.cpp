@@ -95,6 +95,26 @@ compcntr_counter_id child_create_counting(const seg_name& n, std::uint64_t value
   return id;
 }
 
+// A child that creates a counter on the segment, adds `value` and waits to be killed; its
+// pid, the counter resolved in `d` and its id.
+struct paused_creator {
+  pid_t pid;
+  compcntr_comp_cntr* counter;
+  compcntr_counter_id id;
+};
+paused_creator spawn_paused_creator(const seg_name& n, compcntr_device* d, std::uint64_t value) {
+  channel idc;
+  const pid_t pid = spawn([&] {
+    idc.send(child_create_counting(n, value));
+    for (;;) ::pause(); // killed here
+  });
+  compcntr_counter_id id{};
+  REQUIRE(idc.recv(id));
+  compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(d, &id);
+  REQUIRE(r != nullptr);
+  return {pid, r, id};
+}
+
 // In a child: become nobody (groups, gid, uid), or exit with the line.
 void become_nobody() {
   const passwd* pw = ::getpwnam("nobody");
@@ -591,15 +611,7 @@ TEST_CASE("shared devices: a stale segment is replaced, never reused half-initia
 TEST_CASE("shared counters: a creator's death ends a forever-wait with EIO; values stay exact") {
   seg_name n("death");
   compcntr_device* d = open_or_fail(n);
-  channel idc;
-  const pid_t pid = spawn([&] {
-    idc.send(child_create_counting(n, 3));
-    for (;;) ::pause();  // killed here
-  });
-  compcntr_counter_id id{};
-  REQUIRE(idc.recv(id));
-  compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(d, &id);
-  REQUIRE(r != nullptr);
+  const auto [pid, r, id] = spawn_paused_creator(n, d, 3);
   REQUIRE(::kill(pid, SIGKILL) == 0);
   CHECK(reap(pid) == 1000 + SIGKILL);
   // Nobody sweeps for us: the sleeping wait itself finds the creator dead (within ~1 s).
@@ -1154,15 +1166,7 @@ TEST_CASE("shared fds: an updater killed between its update and its wake-up cann
 TEST_CASE("shared fds: the counter's creator dies: the armed fd becomes readable, waits say EIO") {
   seg_name n("fdcreator");
   compcntr_device* d = open_or_fail(n);
-  channel idc;
-  const pid_t pid = spawn([&] {
-    idc.send(child_create_counting(n, 3));
-    for (;;) ::pause(); // killed here
-  });
-  compcntr_counter_id id{};
-  REQUIRE(idc.recv(id));
-  compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(d, &id);
-  REQUIRE(r != nullptr);
+  const auto [pid, r, id] = spawn_paused_creator(n, d, 3);
   const int fd = get_fd(r);
   REQUIRE(compcntr_comp_cntr_arm_fd_threshold(r, 100) == 0);
   CHECK(readable(fd, 50) == 0);
