@@ -361,6 +361,53 @@ TEST_CASE("the service thread runs deferred actions as they become due") {
   ts.clear();
 }
 
+TEST_CASE("an update that finds another thread firing leaves the trigger it made due to it") {
+  // fire_list's hand-off (src/core/trigger/trigger.cpp): A's add runs `first`, whose action
+  // returns only once B's add has returned; B's add makes `second` due, finds A firing and
+  // returns without running it; A must then look again and run `second` before its own add
+  // returns. Without the look-again step `second` stays armed with the value at 2.
+  auto dev = test_support::open_soft();
+  auto c = test_support::make_counter(dev);
+  std::atomic<bool> in_first{false}, b_returned{false};
+  std::atomic<std::thread::id> second_ran_on{};
+  std::error_code ec;
+  auto first = trigger::arm(
+      c, 1, trigger_mode::immediate,
+      [&](int status) {
+        REQUIRE(status == 0);
+        in_first.store(true);
+        while (!b_returned.load()) std::this_thread::yield();
+      },
+      ec);
+  REQUIRE_FALSE(ec);
+  auto second = trigger::arm(
+      c, 2, trigger_mode::immediate,
+      [&](int status) {
+        REQUIRE(status == 0);
+        second_ran_on.store(std::this_thread::get_id());
+      },
+      ec);
+  REQUIRE_FALSE(ec);
+  compcntr::counter_view v = c;
+  std::thread::id a_id;
+  std::thread a([&] {
+    a_id = std::this_thread::get_id();
+    v.add(1);
+  });
+  while (!in_first.load()) std::this_thread::yield(); // A runs `first` (its state: not yet fired)
+  std::thread b([&] {
+    v.add(1); // the value is 2: `second` is due, A fires
+    CHECK(second.state() == trigger_state::armed); // A is still inside `first`
+    b_returned.store(true);
+  });
+  b.join();
+  a.join();
+  CHECK(c.value() == 2);
+  CHECK(first.state() == trigger_state::fired);
+  CHECK(second.state() == trigger_state::fired);
+  CHECK(second_ran_on.load() == a_id); // in the thread already firing, before its add returned
+}
+
 TEST_CASE("stress: pre-armed triggers fire once each, in threshold order, under racing adds") {
   auto dev = test_support::open_soft();
   auto c = test_support::make_counter(dev);
@@ -393,7 +440,7 @@ TEST_CASE("stress: pre-armed triggers fire once each, in threshold order, under 
   REQUIRE(fired.size() == armed);
   std::vector<std::uint64_t> sorted = ths;
   std::sort(sorted.begin(), sorted.end());
-  CHECK(fired == sorted);  // threshold order across the racing updaters
+  CHECK(fired == sorted); // threshold order across the racing updaters
   for (auto& t : ts) CHECK(t.state() == trigger_state::fired);
 }
 
@@ -432,7 +479,7 @@ TEST_CASE("stress: arming, cancelling and updating race; every action runs exact
         REQUIRE_FALSE(ec);
         if (i % 4 == 0 && t.cancel() == std::errc{}) {
           cancelled_ok.fetch_add(1);
-          REQUIRE(s->runs.load() == 1);  // ran with ECANCELED before cancel returned
+          REQUIRE(s->runs.load() == 1); // ran with ECANCELED before cancel returned
           REQUIRE(s->status.load() == ECANCELED);
         }
         if (i % 50 == 0) compcntr::run_deferred_triggers(dev);
@@ -441,7 +488,7 @@ TEST_CASE("stress: arming, cancelling and updating race; every action runs exact
     });
   for (auto& w : ws) w.join();
   REQUIRE(c.value() == total);
-  compcntr::run_deferred_triggers(dev);  // every threshold <= total is due: run the rest
+  compcntr::run_deferred_triggers(dev); // every threshold <= total is due: run the rest
   int fired = 0, cancelled = 0;
   for (auto& s : st) {
     CHECK(s.runs.load() == 1);

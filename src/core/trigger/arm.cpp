@@ -10,6 +10,7 @@ module;
 #include <mutex>
 #include <new>
 #include <system_error>
+#include "core/wait/futex_mutex.hpp"  // trigger_list::mu (locked here)
 module compcntr;
 import :trigger_impl;
 

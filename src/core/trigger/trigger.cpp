@@ -3,8 +3,8 @@
 // semantics and memory ordering: the file comment of modules/core/trigger.cppm; the table of
 // guarantees: docs/trigger.md. Arming is in arm.cpp, the deferred queue in queue.cpp.
 //
-// Firing is combined per counter: one thread at a time runs a counter's due triggers (`firing`),
-// a thread that finds it busy leaves `again` and the firing thread looks once more before it
+// Firing is combined per counter: one thread at a time runs a counter's due triggers (`fire`),
+// a thread that finds it busy leaves `fire_again` and the firing thread looks once more before it
 // stops; so due triggers run in threshold order even when several threads cross thresholds at
 // once. Chains are trampolined: an update made inside an action does not fire its counter's
 // triggers recursively but puts the counter on the thread's pending list, which the outermost
@@ -15,6 +15,7 @@ module;
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include "core/wait/futex_mutex.hpp"  // trigger_list::mu (locked here)
 module compcntr;
 import :trigger_impl;
 
@@ -22,24 +23,33 @@ namespace compcntr::detail {
 
 namespace {
 
-// The list the calling thread runs an action of now (an action runs no other action nested:
-// chains are trampolined, deferred progress does not nest), for end_slot_triggers and
-// destroy_trigger called from inside an action.
-thread_local trigger_list* tl_running = nullptr;
-thread_local const trigger_node* tl_running_node = nullptr;
-thread_local unsigned tl_depth = 0; // > 0 while inside fire_list (chains)
-thread_local trigger_list* tl_pending = nullptr; // counters updated inside actions
+// What this thread is doing with triggers, in one thread_local (one TLS lookup per fire: in a
+// shared library each function's first thread_local access is a __tls_get_addr call).
+struct thread_state {
+  // The list and node of the action this thread runs now (an action runs no other action
+  // nested: chains are trampolined, deferred progress does not nest), for end_slot_triggers and
+  // destroy_trigger called from inside an action.
+  trigger_list* running = nullptr;
+  const trigger_node* running_node = nullptr;
+  unsigned depth = 0;               // > 0 while inside fire_list (chains)
+  trigger_list* pending = nullptr;  // counters updated inside actions
+};
+thread_local thread_state tl;
+
+inline void run_action_in(thread_state& t, trigger_list& l, trigger_node& n, int status) noexcept {
+  trigger_list* const saved = t.running;
+  const trigger_node* const saved_node = t.running_node;
+  t.running = &l;
+  t.running_node = &n;
+  n.fn(n.ctx, status);
+  t.running = saved;
+  t.running_node = saved_node;
+}
 
 } // namespace
 
 void run_action(trigger_list& l, trigger_node& n, int status) noexcept {
-  trigger_list* const saved = tl_running;
-  const trigger_node* const saved_node = tl_running_node;
-  tl_running = &l;
-  tl_running_node = &n;
-  n.fn(n.ctx, status);
-  tl_running = saved;
-  tl_running_node = saved_node;
+  run_action_in(tl, l, n, status);
 }
 
 namespace {
@@ -47,19 +57,34 @@ namespace {
 // ---- firing ----
 
 // Runs the due triggers of l, combined (see the file comment). Called with nothing locked.
-void fire_list(trigger_list& l) noexcept {
+//
+// The protocol of l.fire: only a holder of l.mu moves it from fire_idle (to fire_running: this
+// thread fires) or from fire_running to fire_again (an update found another thread firing: it
+// must look once more); the firing thread runs the batch without the lock and leaves with one
+// CAS fire_running -> fire_idle, or, finding fire_again, takes the lock and looks again. So a
+// single due trigger costs the lock's two RMWs, the action and that CAS (no second lock round),
+// and every update that makes a trigger due either finds nobody firing and fires, or leaves
+// fire_again, which the firing thread sees before it stops (both sides are RMWs on l.fire or
+// under l.mu: one order). The batch's last node is marked fired only after the CAS: until then
+// it holds a reference on l, so l outlives the thread's last use of it even when an action
+// destroyed the counter (its destroy does not wait for the batch it runs inside of). A
+// destroyer that waits for the firing thread says so (fire_waited), and only then is it
+// notified: the common exit is the CAS alone.
+void fire_list(thread_state& t, trigger_list& l) noexcept {
   std::unique_lock lk(l.mu);
   if (l.dead) return;
-  if (l.firing) {
-    l.again = true;
-    return;
+  // seq_cst: the Dekker re-check against updates (compcntr:trigger's memory ordering).
+  std::uint64_t v = l.s->value_seq_cst();
+  if (l.fire.load(std::memory_order_relaxed) != fire_idle) {
+    std::uint32_t f = fire_running;
+    if (l.fire.compare_exchange_strong(f, fire_again, std::memory_order_relaxed)) return;
+    if (f == fire_again) return;  // already told
+    // fire_idle: the firing thread left between the load and the CAS: fire here.
   }
-  l.firing = true;
-  l.busy.fetch_add(1, std::memory_order_acq_rel);
+  if (l.head == nullptr || l.head->threshold > v) return;  // nothing due (a stale `next`)
+  l.fire.store(fire_running, std::memory_order_relaxed);
+  trigger_node* last = nullptr;  // the batch's last node, finished after the CAS (above)
   for (;;) {
-    l.again = false;
-    // seq_cst: the Dekker re-check against updates (compcntr:trigger's memory ordering).
-    const std::uint64_t v = l.s->value_seq_cst();
     trigger_node* batch = nullptr;
     trigger_node* batch_tail = nullptr;
     trigger_queue* q = nullptr;
@@ -80,48 +105,62 @@ void fire_list(trigger_list& l) noexcept {
       }
     }
     publish_next(l);
-    if (batch == nullptr && !l.again) {
-      l.firing = false;
-      lk.unlock();
-      if (q != nullptr) q->kick();
-      busy_done(l);
-      return;
-    }
     lk.unlock();
     if (q != nullptr) q->kick();
-    for (trigger_node* n = batch; n != nullptr;) {
-      trigger_node* const next = n->next;
-      n->next = nullptr;
-      run_action(l, *n, 0);
-      finish_node(*n, st_fired); // n may be freed from here on
-      n = next;
+    if (batch != nullptr) {
+      if (last != nullptr) finish_node(*last, st_fired);  // l is held by this batch's nodes
+      for (trigger_node* n = batch; n != nullptr;) {
+        trigger_node* const next = n->next;
+        n->next = nullptr;
+        run_action_in(t, l, *n, 0);
+        if (next == nullptr) {
+          last = n;
+          break;
+        }
+        finish_node(*n, st_fired);  // n may be freed from here on
+        n = next;
+      }
     }
-    lk.lock();
-    if (l.dead) { // destroyed by one of its own actions: the destroyer cancelled the rest
-      l.firing = false;
+    // release: what the actions did happens before a destroyer's acquire of fire_idle.
+    std::uint32_t f = fire_running;
+    if (l.fire.compare_exchange_strong(f, fire_idle, std::memory_order_release,
+                                       std::memory_order_relaxed))
+      break;
+    if ((f & fire_again) == 0) {  // fire_running | fire_waited: a destroyer waits for this
+      l.fire.store(fire_idle, std::memory_order_release);
+      l.fire.notify_all();
+      break;
+    }
+    lk.lock();  // fire_again: an update found this thread firing; look once more
+    if (l.dead) {  // destroyed (maybe by one of its own actions, which cancelled the rest)
+      l.fire.store(fire_idle, std::memory_order_release);
       lk.unlock();
-      busy_done(l);
-      return;
+      l.fire.notify_all();
+      break;
     }
+    // Not dead, under the lock: no destroyer has set fire_waited (it does after `dead`).
+    l.fire.store(fire_running, std::memory_order_relaxed);
+    v = l.s->value_seq_cst();
   }
+  if (last != nullptr) finish_node(*last, st_fired);
 }
 
 // Takes a reference on l and puts it on this thread's pending list (chains).
-void defer_to_pending(trigger_list& l) noexcept {
+void defer_to_pending(thread_state& t, trigger_list& l) noexcept {
   if (l.pending.exchange(true, std::memory_order_seq_cst)) return; // someone will look
   l.refs.fetch_add(1, std::memory_order_relaxed);
-  l.pending_next = tl_pending;
-  tl_pending = &l;
+  l.pending_next = t.pending;
+  t.pending = &l;
 }
 
-void drain_pending() noexcept {
-  while (trigger_list* l = tl_pending) {
-    tl_pending = l->pending_next;
+void drain_pending(thread_state& t) noexcept {
+  while (trigger_list* l = t.pending) {
+    t.pending = l->pending_next;
     l->pending_next = nullptr;
     // Cleared before looking (seq_cst): an update after this either finds it clear and
     // queues the list again, or happened before the value fire_list reads.
     l->pending.store(false, std::memory_order_seq_cst);
-    fire_list(*l);
+    fire_list(t, *l);
     list_unref(l);
   }
 }
@@ -187,14 +226,15 @@ void fire_slot_triggers(slot& s) noexcept {
   // The lock-free test: below the lowest armed threshold (the common update of a counter with
   // triggers armed ahead) costs two loads.
   if (s.value_seq_cst() < l->next.load(std::memory_order_seq_cst)) return;
-  if (tl_depth > 0) { // inside an action: trampoline (bounded stack depth)
-    defer_to_pending(*l);
+  thread_state& t = tl;
+  if (t.depth > 0) { // inside an action: trampoline (bounded stack depth)
+    defer_to_pending(t, *l);
     return;
   }
-  ++tl_depth;
-  fire_list(*l);
-  drain_pending();
-  --tl_depth;
+  ++t.depth;
+  fire_list(t, *l);
+  drain_pending(t);
+  --t.depth;
 }
 
 int cancel_trigger(trigger_node& n) noexcept {
@@ -233,7 +273,7 @@ int cancel_trigger(trigger_node& n) noexcept {
 
 int destroy_trigger(trigger_node* n) noexcept {
   // From inside its own action: refused (it would free the node under the running action).
-  if (tl_running_node == n)
+  if (tl.running_node == n)
     return fail(EDEADLK, "trigger_destroy: called from the trigger's own action (destroy it after "
                          "the action returned)")
         .value();
@@ -262,8 +302,21 @@ void end_slot_triggers(slot& s) noexcept {
   if (l == nullptr) return;
   cancel_all(*l, find_queue(*s.dev), true);
   // Nothing of this counter runs after its destroy returns: wait for its running actions (but
-  // for one this thread is inside of: the destroy came from it).
-  const std::uint32_t self = tl_running == l ? 1 : 0;
+  // for one this thread is inside of: the destroy came from it). A node of l in st_running that
+  // this thread runs is either its inline batch (this thread holds l.fire) or a deferred action
+  // (counted in busy); a cancelled action (st_cancelling) is neither.
+  const thread_state& t = tl;
+  const trigger_node* const mine =
+      t.running == l && t.running_node->st.load(std::memory_order_relaxed) == st_running
+          ? t.running_node
+          : nullptr;
+  // The firing thread notifies only when told (fire_waited; set after `dead`, so no new firing
+  // starts and the bit is not lost to fire_list's plain stores, which happen only when !dead).
+  if (mine == nullptr || mine->mode != trigger_inline)
+    for (std::uint32_t f = l->fire.fetch_or(fire_waited, std::memory_order_acq_rel);
+         (f & ~fire_waited) != fire_idle; f = l->fire.load(std::memory_order_acquire))
+      l->fire.wait(f, std::memory_order_acquire);
+  const std::uint32_t self = mine != nullptr && mine->mode == trigger_deferred ? 1 : 0;
   for (std::uint32_t b = l->busy.load(std::memory_order_acquire); b > self;
        b = l->busy.load(std::memory_order_acquire))
     l->busy.wait(b, std::memory_order_acquire);
@@ -282,10 +335,11 @@ trigger_list* shared_due_triggers(slot& s) noexcept {
 }
 
 void shared_fire_triggers(trigger_list* l) noexcept {
-  ++tl_depth;
-  fire_list(*l); // nothing if the counter is gone (dead, checked under its lock)
-  drain_pending();
-  --tl_depth;
+  thread_state& t = tl;
+  ++t.depth;
+  fire_list(t, *l); // nothing if the counter is gone (dead, checked under its lock)
+  drain_pending(t);
+  --t.depth;
   list_unref(l);
 }
 

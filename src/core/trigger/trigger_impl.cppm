@@ -8,7 +8,7 @@
 // The objects:
 //   trigger_list  one per counter that ever had a trigger, found through the slot's extension
 //                 block (slot_trigger_cell). Holds the armed triggers sorted by (threshold, arming
-//                 sequence) in a doubly linked list under `mu`, and `next`, the lowest armed
+//                 sequence) in a doubly linked list under `mu` (a futex_mutex), and `next`, the lowest armed
 //                 threshold, which an update compares without the lock. Reference-counted (the
 //                 extension block + one per trigger node), so a trigger handle can always lock
 //                 its list, even after its counter is gone.
@@ -34,6 +34,7 @@ module;
 #include <mutex>
 #include <thread>
 #include "core/wait/futex.hpp"
+#include "core/wait/futex_mutex.hpp"
 module compcntr:trigger_impl;
 import :slot;
 import :backend;
@@ -43,28 +44,35 @@ namespace compcntr::detail {
 
 inline constexpr std::uint32_t st_armed = 0, st_queued = 1, st_running = 2, st_fired = 3,
                                st_cancelling = 4, st_cancelled = 5;
+/// trigger_list::fire: nobody fires; a thread fires; it fires and must look once more before it
+/// stops (an update found it firing); a bit: the counter's destroy waits for fire_idle, notify.
+inline constexpr std::uint32_t fire_idle = 0, fire_running = 1, fire_again = 2, fire_waited = 4;
 inline constexpr std::uint64_t none_armed = std::numeric_limits<std::uint64_t>::max();
 
 struct trigger_queue;
 
 struct trigger_list {
-  std::mutex mu;
-  trigger_node* head = nullptr;  ///< armed, sorted by (threshold, seq)
+  /// Held for a few list operations on the fire path: inline (core/wait/futex_mutex.hpp), not
+  /// std::mutex's two libc calls.
+  futex_mutex mu;
+  trigger_node* head = nullptr; ///< armed, sorted by (threshold, seq)
   trigger_node* tail = nullptr;
   /// head's threshold (none_armed when empty: then watch_triggers is clear as well, and a
   /// value of UINT64_MAX that passes the test finds nothing under the lock). seq_cst.
   std::atomic<std::uint64_t> next{none_armed};
-  std::uint64_t seq = 0;  ///< arming order
-  bool firing = false;    ///< a thread is running this counter's due triggers
-  bool again = false;     ///< look again before firing stops
-  bool dead = false;      ///< the counter's last reference is gone: nothing fires any more
-  /// Actions of this counter running now (the firing batch counts one, each running deferred
-  /// action one); end_slot_triggers waits for 0. Waited on with atomic wait/notify.
+  std::uint64_t seq = 0; ///< arming order
+  bool dead = false; ///< the counter's last reference is gone: nothing fires any more
+  /// Who runs this counter's due inline triggers (fire_idle / fire_running / fire_again; the
+  /// protocol: trigger.cpp's fire_list). Moved from idle only under `mu`; the firing thread
+  /// leaves with one CAS, without the lock. end_slot_triggers waits for fire_idle.
+  std::atomic<std::uint32_t> fire{0};
+  /// Deferred actions of this counter running now; end_slot_triggers waits for 0. Waited on
+  /// with atomic wait/notify.
   std::atomic<std::uint32_t> busy{0};
-  std::atomic<std::uint32_t> refs{1};  ///< the extension block + one per node
-  std::atomic<bool> pending{false};    ///< on some thread's pending list (chains)
+  std::atomic<std::uint32_t> refs{1}; ///< the extension block + one per node
+  std::atomic<bool> pending{false}; ///< on some thread's pending list (chains)
   trigger_list* pending_next = nullptr;
-  slot* s = nullptr;  ///< valid while !dead (checked under mu)
+  slot* s = nullptr; ///< valid while !dead (checked under mu)
 };
 
 struct trigger_node {
@@ -75,12 +83,12 @@ struct trigger_node {
   trigger_action fn = nullptr;
   void* ctx = nullptr;
   void (*dispose)(void*) = nullptr;
-  slot* target = nullptr;  ///< a counter reference the node owns (arm_add/arm_set), or null
+  slot* target = nullptr; ///< a counter reference the node owns (arm_add/arm_set), or null
   trigger_list* list = nullptr;
-  trigger_queue* queue = nullptr;  ///< deferred nodes: their device's queue
-  trigger_node* prev = nullptr;    ///< in list (armed) or queue (queued)
+  trigger_queue* queue = nullptr; ///< deferred nodes: their device's queue
+  trigger_node* prev = nullptr; ///< in list (armed) or queue (queued)
   trigger_node* next = nullptr;
-  bool in_queue = false;  ///< under the queue's lock
+  bool in_queue = false; ///< under the queue's lock
 };
 
 // ---- small helpers ----
@@ -96,8 +104,8 @@ inline void finish_node(trigger_node& n, std::uint32_t final_state) noexcept {
 }
 
 // A decrement to 1 notifies too, not only the one to 0: a destroy from inside one of the
-// counter's own actions waits for busy to fall to 1 (its own), not 0. notify_all costs a load when nobody
-// waits (libstdc++ counts waiters).
+// counter's own deferred actions waits for busy to fall to 1 (its own), not 0. notify_all costs
+// a load when nobody waits (libstdc++ counts waiters).
 inline void busy_done(trigger_list& l) noexcept {
   if (l.busy.fetch_sub(1, std::memory_order_acq_rel) <= 2) l.busy.notify_all();
 }
@@ -113,10 +121,16 @@ inline void publish_next(trigger_list& l) noexcept {
     if (l.next.load(std::memory_order_relaxed) == none_armed) return;
     l.next.store(none_armed, std::memory_order_seq_cst);
     if (!l.dead) l.s->watch.fetch_and(~watch_triggers, std::memory_order_seq_cst);
-  } else if (l.next.load(std::memory_order_relaxed) != l.head->threshold) {
-    // Unchanged (a firing that found nothing more due): no store (a seq_cst store is a locked
-    // xchg on x86-64). Only the lock holder writes `next`, so the relaxed load is exact.
-    l.next.store(l.head->threshold, std::memory_order_seq_cst);
+  } else if (const std::uint64_t t = l.head->threshold;
+             l.next.load(std::memory_order_relaxed) != t) {
+    // Only the lock holder writes `next`, so the relaxed load is exact; unchanged: no store.
+    // A lower `next` (a new head armed below) is arm_trigger's seq_cst store and re-check. Here
+    // `next` only rises (the head fired or was cancelled): release is enough (a plain store on
+    // x86-64, not a locked xchg). An updater that still reads the older, lower value takes the
+    // lock for nothing; one that reads this value and is at or above it fires; so no update that
+    // makes the head due goes unseen (docs/trigger.md, memory ordering).
+    l.next.store(t, t < l.next.load(std::memory_order_relaxed) ? std::memory_order_seq_cst
+                                                               : std::memory_order_release);
   }
 }
 
