@@ -24,6 +24,8 @@ void progress_both(void* ctx) noexcept {
     h->m.pull_comp();
     h->m.pull_err();
     note_caller_pull(h);
+    layer_progress(h);
+    return;
   }
   layer_progress();
 }
@@ -81,7 +83,7 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
   auto check = [&]() noexcept -> int {
     h->m.pull_comp();
     note_caller_pull(h);
-    layer_progress();
+    layer_progress(h);
     if (h->value() >= threshold) return 0;
     h->m.pull_err();
     if (h->errors() != err0) return -FI_EAVAIL;

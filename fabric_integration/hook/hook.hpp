@@ -61,6 +61,8 @@ void read_config() noexcept;
 
 /// The layered provider ofi_compcntr (../ofi/ofi.hpp) builds on this machinery and adds its own
 /// behaviour at these points; the hook's layer() is nullptr and nothing below is called.
+struct hook_cntr;  // hook_cntr.hpp
+
 struct layer_ops {
   /// The fi_info to hand the provider below for an fi_info the application got from the layer
   /// (fi_dupinfo'd; nullptr: pass `info` as it is). Freed with fi_freeinfo.
@@ -96,7 +98,9 @@ struct layer_ops {
   /// (-FI_EBUSY: armed, due or in-flight work would still update it).
   int (*cntr_closing)(fid_cntr* c);
   /// After every counter read, wait round, add and set: the layer's deferred work runs here.
-  void (*progress)();
+  /// `pulled`: a counter the caller pulled from the provider just before (its value is fresh:
+  /// the round need not drive the provider for it again), or nullptr.
+  void (*progress)(const hook_cntr* pulled);
   /// Whether the layer has work the next progress call should retry at once (a wait that would
   /// sleep on the provider's fds goes round again instead).
   bool (*busy)();

@@ -52,17 +52,31 @@ void live_remove(hook_cntr* h) noexcept {
 // progress: pull from the provider (which runs its progress, as fi_cntr_read of the provider's
 // own counter does). Progress thread: the thread pulls; a read is a load, and every
 // k_reader_pull_every-th read of the counter pulls too (a spinning reader drives progress).
+namespace {
+// The counter whose completion value this thread's drive() pulled, for after() (one read).
+thread_local const hook_cntr* t_drive_pulled = nullptr;
+} // namespace
+
 void hook_cntr::drive(hook_cntr& h, bool err) noexcept {
   const std::uint64_t n = bump(err ? h.readerrs : h.reads);
   if (h.hidden && (!by_thread(&h) || n % k_reader_pull_every == 0)) {
-    if (err)
+    if (err) {
       h.m.pull_err();
-    else
+    } else {
       h.m.pull_comp();
+      t_drive_pulled = &h;
+    }
     note_caller_pull(&h);
   }
 }
-void hook_cntr::after(hook_cntr&) noexcept { layer_progress(); }
+// The layer's round need not drive the provider again for the counter just read: on
+// tcp;ofi_rxm every provider read is a progress call (poll system calls), and a reader spinning on
+// a triggering counter paid two per read (P17 (b)).
+void hook_cntr::after(hook_cntr& h) noexcept {
+  const hook_cntr* const pulled = t_drive_pulled == &h ? &h : nullptr;
+  t_drive_pulled = nullptr;
+  layer_progress(pulled);
+}
 void hook_cntr::on_readerr(hook_cntr& h, std::uint64_t e) noexcept {
   if (h.sockets) h.err_at_readerr.store(e, std::memory_order_relaxed);
 }

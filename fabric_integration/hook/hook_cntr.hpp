@@ -110,8 +110,9 @@ inline void note_caller_pull(const hook_cntr* h) noexcept {
 }
 
 // ofi_compcntr's deferred work (layer_ops::progress) after the counter calls; the hook has none.
-inline void layer_progress() noexcept {
-  if (const layer_ops* l = layer()) l->progress();
+// `pulled`: the counter this call pulled a moment ago (layer_ops::progress).
+inline void layer_progress(const hook_cntr* pulled = nullptr) noexcept {
+  if (const layer_ops* l = layer()) l->progress(pulled);
 }
 
 // Drains a sockets wait set (one byte per signal until fi_wait reads it). Returns whether it

@@ -21,7 +21,7 @@ thread_local int t_depth = 0;
 in_layer::in_layer() noexcept : nested_(t_depth++ > 0) {}
 in_layer::~in_layer() { --t_depth; }
 
-void progress() noexcept {
+void progress(const compcntr_hook::hook_cntr* pulled) noexcept {
   if (active().load(std::memory_order_acquire) == 0) return;
   in_layer g;
   if (g.nested()) return;
@@ -29,8 +29,9 @@ void progress() noexcept {
   if (!lk.owns_lock()) return;
   static thread_local std::vector<hook_cntr*> counters;
   static thread_local std::vector<fid_cq*> cqs;
-  armed_counters(counters);
-  for (hook_cntr* h : counters) compcntr_hook::pull(h);
+  armed_counters(counters, pulled);
+  for (hook_cntr* h : counters)
+    if (h != pulled) compcntr_hook::pull(h);  // the caller's counter is fresh
   compcntr_trigger_progress(compcntr_hook::device());
   post_ready();
   inflight_cqs(cqs);

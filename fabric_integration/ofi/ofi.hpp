@@ -137,7 +137,9 @@ bool inflight_add(item* it) noexcept;
 void inflight_remove(item* it) noexcept;
 
 // cntr.cpp
-void progress() noexcept;
+/// One round (cntr.cpp's file comment). `pulled`: a counter the caller pulled just before
+/// (layer_ops::progress): not pulled again.
+void progress(const compcntr_hook::hook_cntr* pulled = nullptr) noexcept;
 bool busy() noexcept;
 /// Marks the calling thread as inside the layer (nested progress calls return at once).
 class in_layer {
@@ -169,7 +171,9 @@ int flush_work(domain_st* ds);
 /// Posts the due items of every domain in order (under mu()); frees finished ones.
 void post_ready() noexcept;
 /// The triggering counters of armed items (progress pulls them).
-void armed_counters(std::vector<hook_cntr*>& out) noexcept;
+/// The counters a progress round pulls: the triggering counters of armed items, and one
+/// counter bound to each endpoint that none of those (nor `pulled`, fresh) is bound to.
+void armed_counters(std::vector<hook_cntr*>& out, const hook_cntr* pulled) noexcept;
 /// The CQs where posted items' completions will appear (progress drains them).
 void inflight_cqs(std::vector<fid_cq*>& out) noexcept;
 /// A completion entry of a posted item (cq.cpp): counts its completion counter; returns the
@@ -180,15 +184,6 @@ void drop_items(domain_st* ds, fid_ep* ep) noexcept;
 /// fi_close of counter `c` (layer_ops::cntr_closing): -FI_EBUSY while an armed, due or in-flight
 /// item names it as its FI_OP_CNTR_ADD/SET target or its completion counter, else 0.
 int cntr_closing(fid_cntr* c) noexcept;
-
-/// Calls f(counter) for every counter bound to an endpoint of `d` (under mu()).
-template <class F>
-void for_each_bound_cntr(domain_st* d, F&& f) {
-  for (ep_st* e : eps_of(d))
-    for (fid_cntr* c :
-         {e->cntr_send, e->cntr_recv, e->cntr_write, e->cntr_read, e->cntr_rwrite, e->cntr_rread})
-      if (c) f(c);
-}
 
 } // namespace compcntr_ofi
 

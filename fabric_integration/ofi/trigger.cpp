@@ -366,7 +366,7 @@ int cntr_closing(fid_cntr* c) noexcept {
   return 0;
 }
 
-void armed_counters(std::vector<hook_cntr*>& out) noexcept {
+void armed_counters(std::vector<hook_cntr*>& out, const hook_cntr* pulled) noexcept {
   std::lock_guard lk(mu());
   out.clear();
   auto add = [&](hook_cntr* h) noexcept {
@@ -381,9 +381,26 @@ void armed_counters(std::vector<hook_cntr*>& out) noexcept {
     for (item* it : d->items)
       if (it->state == s_armed) add(it->trig_cntr);
     // A triggering counter no endpoint is bound to (fabtests' test counter, a counter only
-    // fi_cntr_add moves) drives no endpoint when pulled: the counters bound to the domain's
-    // endpoints are pulled too, so the provider moves the data that makes the triggers due.
-    for_each_bound_cntr(d, [&](fid_cntr* c) { add(hook_of(c)); });
+    // fi_cntr_add moves) drives no endpoint when pulled: one counter bound to each endpoint of
+    // the domain is pulled too, so the provider moves the data that makes the triggers due. One
+    // is enough (a provider read progresses the endpoints the counter is bound to), and none
+    // where a counter pulled anyway (a triggering one, or the caller's `pulled`) is bound: on
+    // tcp;ofi_rxm each provider read is a progress call with poll system calls (P17 (b)).
+    for (ep_st* e : eps_of(d)) {
+      hook_cntr* first = nullptr;
+      bool covered = false;
+      for (fid_cntr* c : {e->cntr_send, e->cntr_recv, e->cntr_write, e->cntr_read, e->cntr_rwrite,
+                          e->cntr_rread}) {
+        hook_cntr* h = c != nullptr ? hook_of(c) : nullptr;
+        if (h == nullptr) continue;
+        if (h == pulled || std::find(out.begin(), out.end(), h) != out.end()) {
+          covered = true;
+          break;
+        }
+        if (first == nullptr) first = h;
+      }
+      if (!covered) add(first);
+    }
   }
 }
 
