@@ -408,6 +408,50 @@ TEST_CASE("an update that finds another thread firing leaves the trigger it made
   CHECK(second_ran_on.load() == a_id); // in the thread already firing, before its add returned
 }
 
+TEST_CASE("an inline action fired inside a deferred action of its counter may destroy it") {
+  // Regression: the destroy waited for the counter's running deferred actions but for one it ran
+  // *directly* inside; here it runs inside an inline action that an update made from inside the
+  // deferred one fired, and waited for itself forever (busy never fell). Run in a thread so that
+  // the old code fails the check instead of hanging the suite.
+  auto dev = test_support::open_soft();
+  auto c = test_support::make_counter(dev);
+  compcntr::counter_view v = c;
+  std::error_code ec, destroy_ec;
+  action_log l;
+  auto inner = trigger::arm(
+      c, 2, trigger_mode::immediate,
+      [&](int status) {
+        l.add(2, status);
+        if (status == 0) c.destroy(destroy_ec);  // the counter of the deferred action around it
+      },
+      ec);
+  REQUIRE_FALSE(ec);
+  auto outer = trigger::arm(
+      c, 1, trigger_mode::deferred,
+      [&](int status) {
+        l.add(1, status);
+        if (status == 0) v.add(1);  // value 2: `inner` fires here, inline
+      },
+      ec);
+  REQUIRE_FALSE(ec);
+  v.add(1);  // `outer` due
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    CHECK(compcntr::run_deferred_triggers(dev) == 1);
+    done.store(true);
+  });
+  const auto end = std::chrono::steady_clock::now() + 10s;
+  while (!done.load() && std::chrono::steady_clock::now() < end) std::this_thread::yield();
+  if (!done.load()) t.detach();  // stuck for good: report, don't hang
+  REQUIRE_MESSAGE(done.load(), "the destroy inside the nested inline action never returned");
+  t.join();
+  CHECK_FALSE(destroy_ec);
+  CHECK(l.get() == calls{{1, 0}, {2, 0}});
+  CHECK(outer.state() == trigger_state::fired);
+  CHECK(inner.state() == trigger_state::fired);
+  CHECK_FALSE(c);
+}
+
 TEST_CASE("stress: pre-armed triggers fire once each, in threshold order, under racing adds") {
   auto dev = test_support::open_soft();
   auto c = test_support::make_counter(dev);

@@ -31,6 +31,9 @@ struct thread_state {
   // destroy_trigger called from inside an action.
   trigger_list* running = nullptr;
   const trigger_node* running_node = nullptr;
+  // The list whose deferred action (counted in its busy) this thread runs, or nullptr: an
+  // inline action fired inside it may destroy that counter (end_slot_triggers).
+  trigger_list* serving = nullptr;
   unsigned depth = 0;               // > 0 while inside fire_list (chains)
   trigger_list* pending = nullptr;  // counters updated inside actions
 };
@@ -41,7 +44,14 @@ inline void run_action_in(thread_state& t, trigger_list& l, trigger_node& n, int
   const trigger_node* const saved_node = t.running_node;
   t.running = &l;
   t.running_node = &n;
-  n.fn(n.ctx, status);
+  if (n.mode == trigger_deferred && status == 0) [[unlikely]] {  // queue.cpp's run_one
+    trigger_list* const saved_serving = t.serving;
+    t.serving = &l;
+    n.fn(n.ctx, status);
+    t.serving = saved_serving;
+  } else {
+    n.fn(n.ctx, status);
+  }
   t.running = saved;
   t.running_node = saved_node;
 }
@@ -316,7 +326,9 @@ void end_slot_triggers(slot& s) noexcept {
     for (std::uint32_t f = l->fire.fetch_or(fire_waited, std::memory_order_acq_rel);
          (f & ~fire_waited) != fire_idle; f = l->fire.load(std::memory_order_acquire))
       l->fire.wait(f, std::memory_order_acquire);
-  const std::uint32_t self = mine != nullptr && mine->mode == trigger_deferred ? 1 : 0;
+  // This thread's own deferred action of l, if it runs inside one (directly, or an inline action
+  // of l fired by an update inside it): counted in busy, not waited for.
+  const std::uint32_t self = t.serving == l ? 1 : 0;
   for (std::uint32_t b = l->busy.load(std::memory_order_acquire); b > self;
        b = l->busy.load(std::memory_order_acquire))
     l->busy.wait(b, std::memory_order_acquire);
