@@ -25,6 +25,7 @@
 // the counter first, and nothing unlinks it: after the endpoint closes, a read walks it); and a
 // bind with flags 0 (it succeeds, links the endpoint the same way, and leaks the link).
 #include "fuzz_fabric.hpp"
+#include "trigger_model.hpp"
 
 #include <algorithm>
 #include <array>
@@ -85,6 +86,7 @@ struct state {
   std::array<mcounter, n_slots> c;
   std::array<mep, max_eps> ep;
   std::vector<mtrigger> t;
+  std::vector<int> queue;  // the trigger model's deferred queue: always empty (inline only here)
   std::vector<std::pair<int, int>> want;
   std::vector<int> stack;
   int depth = 0;
@@ -113,57 +115,14 @@ void model_run(state& s, int ti, int status) {
   evaluate(s, m.target);
 }
 
-std::vector<int> due(const state& s, int ci) {
-  std::vector<int> d;
-  for (int i = 0; i < static_cast<int>(s.t.size()); ++i)
-    if (s.t[i].counter == ci && s.t[i].st == tstate::armed && s.t[i].thr <= s.c[ci].comp)
-      d.push_back(i);
-  std::sort(d.begin(), d.end(), [&](int a, int b) {
-    return s.t[a].thr != s.t[b].thr ? s.t[a].thr < s.t[b].thr : s.t[a].seq < s.t[b].seq;
-  });
-  return d;
-}
-
-void fire(state& s, int ci) {
-  for (;;) {
-    std::vector<int> d = due(s, ci);
-    if (d.empty()) return;
-    for (int ti : d) s.t[ti].st = tstate::fired;
-    for (int ti : d) model_run(s, ti, 0);
-  }
-}
-
-void evaluate(state& s, int ci) {
-  if (!s.c[ci].live) return;
-  if (s.depth > 0) {
-    if (due(s, ci).empty()) return;
-    if (!s.c[ci].pending) {
-      s.c[ci].pending = true;
-      s.stack.push_back(ci);
-    }
-    return;
-  }
-  ++s.depth;
-  fire(s, ci);
-  while (!s.stack.empty()) {
-    const int next = s.stack.back();
-    s.stack.pop_back();
-    s.c[next].pending = false;
-    if (s.c[next].live) fire(s, next);
-  }
-  --s.depth;
-}
-
-int cancel_all(state& s, int ci) {
-  std::vector<int> armed;
-  for (int i = 0; i < static_cast<int>(s.t.size()); ++i)
-    if (s.t[i].counter == ci && s.t[i].st == tstate::armed) armed.push_back(i);
-  std::sort(armed.begin(), armed.end(), [&](int a, int b) {
-    return s.t[a].thr != s.t[b].thr ? s.t[a].thr < s.t[b].thr : s.t[a].seq < s.t[b].seq;
-  });
-  for (int ti : armed) model_run(s, ti, ECANCELED);
-  return static_cast<int>(armed.size());
-}
+// The trigger model (tests/fuzz/trigger_model.hpp) on this harness's records.
+bool is_armed(const mtrigger& m) { return m.st == tstate::armed; }
+bool is_deferred(const mtrigger&) { return false; }
+void mark_queued(mtrigger& m) { (void)m; }
+void mark_running(mtrigger& m) { m.st = tstate::fired; }
+std::vector<int> due(const state& s, int ci) { return fuzz::trig::due(s, ci); }
+void evaluate(state& s, int ci) { fuzz::trig::evaluate(s, ci); }
+int cancel_all(state& s, int ci) { return fuzz::trig::cancel_all(s, ci); }
 
 bool is_target(const state& s, int ci) {
   for (const mtrigger& m : s.t)

@@ -26,6 +26,7 @@
 // send posted and nothing is left to post. Every CQ entry read is checked against the contexts
 // the model expects.
 #include "fuzz_fabric.hpp"
+#include "trigger_model.hpp"
 
 #include <algorithm>
 #include <array>
@@ -157,80 +158,19 @@ void model_run(state& s, int ti, int status) {
   evaluate(s, m.target);
 }
 
-std::vector<int> due(const state& s, int ci) {
-  std::vector<int> d;
-  for (int i = 0; i < static_cast<int>(s.t.size()); ++i)
-    if (s.t[i].counter == ci && s.t[i].s == st::armed && s.t[i].thr <= s.c[ci].comp) d.push_back(i);
-  std::sort(d.begin(), d.end(), [&](int a, int b) {
-    return s.t[a].thr != s.t[b].thr ? s.t[a].thr < s.t[b].thr : s.t[a].seq < s.t[b].seq;
-  });
-  return d;
-}
+// The trigger model (tests/fuzz/trigger_model.hpp) on this harness's records.
+bool is_armed(const mtrig& m) { return m.s == st::armed; }
 bool is_deferred(const mtrig& m) { return layer_op(m) || (m.k == kind::log && m.deferred); }
-
-void fire(state& s, int ci) {
-  for (;;) {
-    std::vector<int> inl;
-    for (int ti : due(s, ci)) {
-      if (is_deferred(s.t[ti])) {
-        s.t[ti].s = st::queued;
-        s.queue.push_back(ti);
-      } else {
-        inl.push_back(ti);
-        s.t[ti].s = st::done;
-      }
-    }
-    if (inl.empty()) return;
-    for (int ti : inl) model_run(s, ti, 0);
-  }
-}
-
-void evaluate(state& s, int ci) {
-  if (!s.c[ci].live) return;
-  if (s.depth > 0) {
-    if (due(s, ci).empty()) return;
-    if (!s.c[ci].pending) {
-      s.c[ci].pending = true;
-      s.stack.push_back(ci);
-    }
-    return;
-  }
-  ++s.depth;
-  fire(s, ci);
-  while (!s.stack.empty()) {
-    const int next = s.stack.back();
-    s.stack.pop_back();
-    s.c[next].pending = false;
-    if (s.c[next].live) fire(s, next);
-  }
-  --s.depth;
-}
+void mark_queued(mtrig& m) { m.s = st::queued; }
+void mark_running(mtrig& m) { m.s = st::done; }
+std::vector<int> due(const state& s, int ci) { return fuzz::trig::due(s, ci); }
+void evaluate(state& s, int ci) { fuzz::trig::evaluate(s, ci); }
+int cancel_all(state& s, int ci) { return fuzz::trig::cancel_all(s, ci); }
 
 // compcntr_trigger_cancel of trigger ti (armed or queued): its action runs with ECANCELED.
 void cancel_one(state& s, int ti) {
   if (s.t[ti].s == st::queued) s.queue.erase(std::find(s.queue.begin(), s.queue.end(), ti));
   model_run(s, ti, ECANCELED);
-}
-
-// Every trigger of ci not run (destroy, flush): armed ones in threshold order, then queued ones.
-int cancel_all(state& s, int ci) {
-  std::vector<int> armed;
-  for (int i = 0; i < static_cast<int>(s.t.size()); ++i)
-    if (s.t[i].counter == ci && s.t[i].s == st::armed) armed.push_back(i);
-  std::sort(armed.begin(), armed.end(), [&](int a, int b) {
-    return s.t[a].thr != s.t[b].thr ? s.t[a].thr < s.t[b].thr : s.t[a].seq < s.t[b].seq;
-  });
-  int n = 0;
-  for (int ti : armed) model_run(s, ti, ECANCELED), ++n;
-  std::vector<int> rest;
-  for (int ti : s.queue) {
-    if (s.t[ti].counter == ci)
-      model_run(s, ti, ECANCELED), ++n;
-    else
-      rest.push_back(ti);
-  }
-  s.queue = rest;
-  return n;
 }
 
 // One progress round of the layer (nothing while no operation of it is alive).

@@ -13,6 +13,7 @@
 // Checked after every call: return values, counter values, every trigger's state, and the exact
 // sequence of actions run (trigger, status).
 #include "fuzz_common.hpp"
+#include "trigger_model.hpp"
 
 #include <algorithm>
 #include <array>
@@ -79,78 +80,14 @@ void model_run(state& s, int ti, int status) {
   evaluate(s, m.target);
 }
 
-// The due armed triggers of counter ci in (threshold, seq) order.
-std::vector<int> due(const state& s, int ci) {
-  std::vector<int> d;
-  for (int i = 0; i < static_cast<int>(s.t.size()); ++i)
-    if (s.t[i].counter == ci && s.t[i].st == tstate::armed && s.t[i].thr <= s.c[ci].comp)
-      d.push_back(i);
-  std::sort(d.begin(), d.end(), [&](int a, int b) {
-    return s.t[a].thr != s.t[b].thr ? s.t[a].thr < s.t[b].thr : s.t[a].seq < s.t[b].seq;
-  });
-  return d;
-}
-
-void fire(state& s, int ci) {
-  for (;;) {
-    std::vector<int> inl;
-    for (int ti : due(s, ci)) {
-      if (s.t[ti].deferred) {
-        s.t[ti].st = tstate::queued;
-        s.queue.push_back(ti);
-      } else {
-        inl.push_back(ti);
-        s.t[ti].st = tstate::fired;  // running: no longer armed
-      }
-    }
-    if (inl.empty()) return;
-    for (int ti : inl) model_run(s, ti, 0);
-  }
-}
-
-void evaluate(state& s, int ci) {
-  if (!s.c[ci].live) return;
-  if (s.depth > 0) {
-    // The library looks first whether anything is due (the lowest armed threshold against the
-    // value): a counter with nothing due is not put on the stack.
-    if (due(s, ci).empty()) return;
-    if (!s.c[ci].pending) {
-      s.c[ci].pending = true;
-      s.stack.push_back(ci);
-    }
-    return;
-  }
-  ++s.depth;
-  fire(s, ci);
-  while (!s.stack.empty()) {
-    const int next = s.stack.back();
-    s.stack.pop_back();
-    s.c[next].pending = false;
-    if (s.c[next].live) fire(s, next);
-  }
-  --s.depth;
-}
-
-// Cancels every trigger of ci not run: armed ones in threshold order, then its queued ones.
-int cancel_all(state& s, int ci) {
-  std::vector<int> armed;
-  for (int i = 0; i < static_cast<int>(s.t.size()); ++i)
-    if (s.t[i].counter == ci && s.t[i].st == tstate::armed) armed.push_back(i);
-  std::sort(armed.begin(), armed.end(), [&](int a, int b) {
-    return s.t[a].thr != s.t[b].thr ? s.t[a].thr < s.t[b].thr : s.t[a].seq < s.t[b].seq;
-  });
-  int n = 0;
-  for (int ti : armed) model_run(s, ti, ECANCELED), ++n;
-  std::vector<int> rest;
-  for (int ti : s.queue) {
-    if (s.t[ti].counter == ci)
-      model_run(s, ti, ECANCELED), ++n;
-    else
-      rest.push_back(ti);
-  }
-  s.queue = rest;
-  return n;
-}
+// The trigger model (tests/fuzz/trigger_model.hpp) on this harness's records.
+bool is_armed(const mtrigger& m) { return m.st == tstate::armed; }
+bool is_deferred(const mtrigger& m) { return m.deferred; }
+void mark_queued(mtrigger& m) { m.st = tstate::queued; }
+void mark_running(mtrigger& m) { m.st = tstate::fired; }
+std::vector<int> due(const state& s, int ci) { return fuzz::trig::due(s, ci); }
+void evaluate(state& s, int ci) { fuzz::trig::evaluate(s, ci); }
+int cancel_all(state& s, int ci) { return fuzz::trig::cancel_all(s, ci); }
 
 void check(const state& s) {
   FUZZ_EQ(ran.size(), s.want.size(), "number of actions run");
