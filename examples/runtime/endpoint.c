@@ -187,9 +187,13 @@ static int exchange_addresses(struct rt *rt)
 	fi_addr_t *addrs = calloc(n, sizeof *addrs);
 	if (!addrs)
 		return rt_fail(rt, "out of memory");
-	for (size_t i = 0; i < n; i++)
-		if (fi_av_insert(rt->av, names + i * NAME_MAX_LEN, 1, &addrs[i], 0, NULL) != 1)
-			return rt_fail(rt, "fi_av_insert(rank %zu) failed", i);
+	for (size_t i = 0; i < n; i++) {
+		/* The count inserted, or a negative error code (fi_av(3)): name the code. */
+		const int r = fi_av_insert(rt->av, names + i * NAME_MAX_LEN, 1, &addrs[i], 0, NULL);
+		if (r != 1)
+			return rt_fail(rt, "fi_av_insert(rank %zu): %s", i,
+			               r < 0 ? fi_strerror(-r) : "the address was not inserted");
+	}
 	free(names);
 	uint64_t mine[3] = { (rt->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR)
 		                     ? (uint64_t)(uintptr_t)rt->window
