@@ -20,14 +20,14 @@ void progress_both(void* ctx) noexcept {
   // Not once fi_close closed the provider's counter and compcntr's stayed (a trigger holds it):
   // the mirror still names the freed provider counter (issue 22, fuzz_fi_hook: an FI_WAIT_YIELD
   // wait on such a counter read it).
+  const hook_cntr* pulled = nullptr;
   if (h->hidden) {
     h->m.pull_comp();
     h->m.pull_err();
     note_caller_pull(h);
-    layer_progress(h);
-    return;
+    pulled = h;
   }
-  layer_progress();
+  layer_progress(pulled);
 }
 
 // A wait with no provider fd to sleep on (shm; see cntr_wait): the first k_pure_spin rounds

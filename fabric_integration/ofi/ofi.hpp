@@ -170,7 +170,6 @@ int cancel_work(domain_st* ds, const fi_deferred_work* w);
 int flush_work(domain_st* ds);
 /// Posts the due items of every domain in order (under mu()); frees finished ones.
 void post_ready() noexcept;
-/// The triggering counters of armed items (progress pulls them).
 /// The counters a progress round pulls: the triggering counters of armed items, and one
 /// counter bound to each endpoint that none of those (nor `pulled`, fresh) is bound to.
 void armed_counters(std::vector<hook_cntr*>& out, const hook_cntr* pulled) noexcept;

@@ -47,20 +47,9 @@ constexpr std::uint64_t bindable =
 fuzz::shared_device device;
 world w;
 
-enum class tstate { armed, queued, fired, cancelled };
-enum class kind { log, add, set };
-
-struct mtrigger {
-  compcntr_trigger* t = nullptr;
-  bool live = false;
-  int counter = 0;
-  std::uint64_t thr = 0, seq = 0;
-  bool deferred = false;
-  kind k = kind::log;
-  int target = -1;
-  std::uint64_t operand = 0;
-  tstate st = tstate::armed;
-};
+using fuzz::trig::kind;
+using fuzz::trig::tstate;
+using mtrigger = fuzz::trig::record;
 
 struct mcounter {
   fid_cntr* c = nullptr;
@@ -143,11 +132,7 @@ void model_run(state& s, int ti, int status) {
   evaluate(s, m.target);
 }
 
-// The trigger model (tests/fuzz/trigger_model.hpp) on this harness's records.
-bool is_armed(const mtrigger& m) { return m.st == tstate::armed; }
-bool is_deferred(const mtrigger& m) { return m.deferred; }
-void mark_queued(mtrigger& m) { m.st = tstate::queued; }
-void mark_running(mtrigger& m) { m.st = tstate::fired; }
+// The trigger model (tests/fuzz/trigger_model.hpp; its record's hooks are there too).
 std::vector<int> due(const state& s, int ci) { return fuzz::trig::due(s, ci); }
 void evaluate(state& s, int ci) { fuzz::trig::evaluate(s, ci); }
 int cancel_all(state& s, int ci) { return fuzz::trig::cancel_all(s, ci); }

@@ -18,11 +18,35 @@
 #ifndef COMPCNTR_TESTS_FUZZ_TRIGGER_MODEL_HPP
 #define COMPCNTR_TESTS_FUZZ_TRIGGER_MODEL_HPP
 
+#include <compcntr/trigger.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <vector>
 
 namespace fuzz::trig {
+
+/// The trigger record of the harnesses that arm compcntr's own triggers only (fuzz_trigger,
+/// fuzz_fi_adapter), with the model's hooks; fuzz_fi_hook and fuzz_fi_ofi have records of
+/// their own (no deferred triggers; the layer's operations).
+enum class tstate { armed, queued, fired, cancelled };
+enum class kind { log, add, set };
+struct record {
+  compcntr_trigger* t = nullptr;
+  bool live = false;  // handle not destroyed
+  int counter = 0;    // model index of the triggering counter
+  std::uint64_t thr = 0, seq = 0;
+  bool deferred = false;
+  kind k = kind::log;
+  int target = -1;  // add/set: model index of the target counter
+  std::uint64_t operand = 0;
+  tstate st = tstate::armed;
+};
+inline bool is_armed(const record& m) { return m.st == tstate::armed; }
+inline bool is_deferred(const record& m) { return m.deferred; }
+inline void mark_queued(record& m) { m.st = tstate::queued; }
+inline void mark_running(record& m) { m.st = tstate::fired; }  // no longer armed
 
 /// Sorts trigger numbers into the order compcntr runs them: threshold, then arming order.
 template <class State>
