@@ -8,8 +8,8 @@
 // The objects:
 //   trigger_list  one per counter that ever had a trigger, found through the slot's extension
 //                 block (slot_trigger_cell). Holds the armed triggers sorted by (threshold, arming
-//                 sequence) in a doubly linked list under `mu` (a futex_mutex), and `next`, the lowest armed
-//                 threshold, which an update compares without the lock. Reference-counted (the
+//                 sequence) in a doubly linked list under `mu` (a futex_mutex), and `next`,
+//                 the lowest armed threshold, which an update compares without the lock. Reference-counted (the
 //                 extension block + one per trigger node), so a trigger handle can always lock
 //                 its list, even after its counter is gone.
 //   trigger_node  one armed action. State machine (st):
@@ -129,8 +129,7 @@ inline void publish_next(trigger_list& l) noexcept {
     // x86-64, not a locked xchg). An updater that still reads the older, lower value takes the
     // lock for nothing; one that reads this value and is at or above it fires; so no update that
     // makes the head due goes unseen (docs/trigger.md, memory ordering).
-    l.next.store(t, t < l.next.load(std::memory_order_relaxed) ? std::memory_order_seq_cst
-                                                               : std::memory_order_release);
+    l.next.store(t, std::memory_order_release);
   }
 }
 
