@@ -22,7 +22,12 @@
 // value changed still return the value read before: each update is seen two reads late, after
 // the provider's own signals of it, e.g. sockets' wait-set byte or fi_poll event);
 // 'wrap32' on cntr_open (the counter opened is one a provider keeps in 32 bits, as sockets does:
-// reads, set and seterr values and wait thresholds are taken mod 2^32; a set of 2^32 + 1 reads 1).
+// reads, set and seterr values and wait thresholds are taken mod 2^32; a set of 2^32 + 1 reads 1);
+// 'shutdown' on eq_read / eq_sread (that read returns a made-up FI_SHUTDOWN event for the last
+// endpoint bound to the EQ and still open, as if its peer had gone away; the provider knows
+// nothing of it and its connection stays up; not injected where no endpoint is bound).
+// The EQ sites (eq_open, eq_read, eq_sread) and the connection sites of FI_EP_MSG (passive_ep,
+// listen, connect, accept) take the plain codes too.
 //
 // COMPCNTR_FAULT_PROV=NAME[,NAME...]: install only on fabrics of these providers (e.g. ofi_rxm:
 // not on the tcp fabric rxm opens beneath itself, whose calls are libfabric-internal); default all.
@@ -73,7 +78,8 @@ namespace {
   X(av_insert) X(ep_bind) X(enable) X(recv) X(recvv) X(recvmsg) X(send) X(sendv) X(sendmsg) \
   X(inject) X(senddata) X(injectdata) X(trecv) X(trecvmsg) X(tsend) X(tsendmsg) X(tinject) \
   X(read) X(readmsg) X(write) X(writemsg) X(inject_write) X(cq_read) X(cq_readfrom) \
-  X(cq_readerr) X(cq_sread) X(cntr_read) X(cntr_readerr) X(cntr_wait)
+  X(cq_readerr) X(cq_sread) X(cntr_read) X(cntr_readerr) X(cntr_wait) X(eq_open) X(eq_read) \
+  X(eq_sread) X(passive_ep) X(listen) X(connect) X(accept)
 // clang-format on
 
 enum site : int {
@@ -90,11 +96,11 @@ const char* const site_names[n_sites] = {
 
 // ---- codes ------------------------------------------------------------------------------------
 
-enum special : int { c_plain = 0, c_short = 1, c_wrap32 = 2, c_lag = 3 };
+enum special : int { c_plain = 0, c_short = 1, c_wrap32 = 2, c_lag = 3, c_shutdown = 4 };
 struct code_name {
   const char* name;
   int err; // FI_E* (positive), 0 for the value faults
-  int special; // c_short / c_wrap32
+  int special; // c_short / c_wrap32 / c_lag / c_shutdown
 };
 const code_name codes[] = {
     {"EAGAIN", FI_EAGAIN, c_plain},
@@ -110,6 +116,7 @@ const code_name codes[] = {
     {"short", 0, c_short},
     {"lag", 0, c_lag},
     {"wrap32", 0, c_wrap32},
+    {"shutdown", 0, c_shutdown},
 };
 
 struct rule {
@@ -138,12 +145,15 @@ std::atomic<int> g_ninj{0};
 
 std::mutex g_rng_mu;
 
-// The fault for this call of `s`: an index into codes, or -1.
-int fault_at(site s) noexcept {
+// The fault for this call of `s`: an index into codes, or -1. A `shutdown` rule applies only
+// where the caller can make the event up (shutdown_ok: an EQ read with an endpoint bound to the
+// EQ and room for an fi_eq_cm_entry); elsewhere its call passes through and nothing is injected.
+int fault_at(site s, bool shutdown_ok = false) noexcept {
   const long n = g_calls[s].fetch_add(1, std::memory_order_relaxed) + 1;
   for (int i = 0; i < g_nrules; ++i) {
     rule& r = g_rules[i];
     if (r.site != s) continue;
+    if (codes[r.code].special == c_shutdown && !shutdown_ok) continue;
     bool hit = false;
     if (r.nth > 0) {
       hit = n == r.nth;
@@ -271,6 +281,13 @@ struct rec {
   fi_ops_cntr cntr_copy{};
   const fi_ops_av* av_orig = nullptr;
   fi_ops_av av_copy{};
+  const fi_ops_eq* eq_orig = nullptr;
+  fi_ops_eq eq_copy{};
+  const fi_ops_cm* cm_orig = nullptr; // endpoint or passive endpoint
+  fi_ops_cm cm_copy{};
+  // EQ: the endpoints bound to it and still open, in binding order (under g_eq_mu); a made-up
+  // FI_SHUTDOWN names the last one
+  std::vector<fid*> eq_eps;
   std::atomic<int> fake_err{0}; // CQ: a made-up error entry is pending (its err)
   bool wrap32 = false; // counter: kept in 32 bits, as sockets' are
   // counter, 'lag': the values last returned by read / readerr, and how many reads saw a newer
@@ -280,6 +297,7 @@ struct rec {
 };
 
 std::mutex g_reg_mu;
+std::mutex g_eq_mu; // every record's eq_eps
 std::unordered_map<const fid*, rec*>& registry() {
   static auto* m = new std::unordered_map<const fid*, rec*>; // never destroyed
   return *m;
@@ -434,7 +452,26 @@ ssize_t cq_readerr(fid_cq* cq, fi_cq_err_entry* buf, uint64_t flags) {
 int ep_bind(fid* f, fid* bfid, uint64_t flags) {
   rec* r = find(f);
   INJECT(s_ep_bind);
-  return r->fid_orig->bind(f, bfid, flags);
+  const int ret = r->fid_orig->bind(f, bfid, flags);
+  if (ret == 0 && bfid != nullptr && bfid->fclass == FI_CLASS_EQ)
+    if (rec* q = find(bfid)) { // an EQ of a fabric of ours
+      std::lock_guard lk(g_eq_mu);
+      try {
+        q->eq_eps.push_back(f);
+      } catch (...) {
+      }
+    }
+  return ret;
+}
+int ep_close(fid* f) {
+  rec* r = find(f);
+  const int ret = r->fid_orig->close(f);
+  if (ret == 0) { // no longer a candidate for a made-up FI_SHUTDOWN
+    std::lock_guard lk(g_eq_mu);
+    std::lock_guard lk2(g_reg_mu);
+    for (rec* q : all_recs()) std::erase(q->eq_eps, f);
+  }
+  return ret;
 }
 int ep_control(fid* f, int command, void* arg) {
   rec* r = find(f);
@@ -509,12 +546,35 @@ ssize_t r_inject(fid_ep* ep, const void* b, size_t l, fi_addr_t a, uint64_t ad, 
   EP_CALL(rma_orig, s_inject_write, inject, b, l, a, ad, k);
 }
 
+// ---- connection management (FI_EP_MSG) --------------------------------------------------------
+
+int cm_connect(fid_ep* ep, const void* addr, const void* param, size_t paramlen) {
+  rec* r = find(&ep->fid);
+  INJECT(s_connect);
+  return r->cm_orig->connect(ep, addr, param, paramlen);
+}
+int cm_accept(fid_ep* ep, const void* param, size_t paramlen) {
+  rec* r = find(&ep->fid);
+  INJECT(s_accept);
+  return r->cm_orig->accept(ep, param, paramlen);
+}
+int cm_listen(fid_pep* pep) {
+  rec* r = find(&pep->fid);
+  INJECT(s_listen);
+  return r->cm_orig->listen(pep);
+}
+
 void install_ep(fid_ep* ep) {
   rec* r = new_rec(&ep->fid);
   if (!r) return;
   patch(ep->fid.ops, r->fid_orig, r->fid_copy, [](fi_ops& t, std::size_t size) {
+    WRAP(fi_ops, t, close, ep_close, size);
     WRAP(fi_ops, t, bind, ep_bind, size);
     WRAP(fi_ops, t, control, ep_control, size);
+  });
+  patch(ep->cm, r->cm_orig, r->cm_copy, [](fi_ops_cm& t, std::size_t size) {
+    WRAP(fi_ops_cm, t, connect, cm_connect, size);
+    WRAP(fi_ops_cm, t, accept, cm_accept, size);
   });
   patch(ep->msg, r->msg_orig, r->msg_copy, [](fi_ops_msg& t, std::size_t size) {
     WRAP(fi_ops_msg, t, recv, m_recv, size);
@@ -661,6 +721,68 @@ int f_domain2(fid_fabric* f, fi_info* info, fid_domain** d, uint64_t flags, void
   return ret;
 }
 
+// ---- EQs, passive endpoints ------------------------------------------------------------------
+
+// A made-up FI_SHUTDOWN for the last endpoint bound to the EQ that is still open, as if its peer
+// had gone away (the provider knows nothing of it): event FI_SHUTDOWN, an fi_eq_cm_entry with
+// fid = that endpoint and info NULL (fi_eq(3)'s FI_SHUTDOWN entry; it has no context field).
+// shutdown_target: that endpoint, or nullptr when the fault cannot apply (no endpoint bound,
+// no room for the entry: the call then passes through).
+fid* shutdown_target(rec* r, size_t len) noexcept {
+  if (len < sizeof(fi_eq_cm_entry)) return nullptr;
+  std::lock_guard lk(g_eq_mu);
+  return r->eq_eps.empty() ? nullptr : r->eq_eps.back();
+}
+ssize_t made_up_shutdown(fid* ep, uint32_t* event, void* buf) noexcept {
+  if (event) *event = FI_SHUTDOWN;
+  auto* e = static_cast<fi_eq_cm_entry*>(buf);
+  e->fid = ep;
+  e->info = nullptr;
+  return static_cast<ssize_t>(sizeof(fi_eq_cm_entry));
+}
+ssize_t eq_read(fid_eq* eq, uint32_t* event, void* buf, size_t len, uint64_t flags) {
+  rec* r = find(&eq->fid);
+  fid* target = shutdown_target(r, len);
+  if (const int c = fault_at(s_eq_read, target != nullptr); c >= 0) {
+    if (codes[c].special == c_shutdown) return made_up_shutdown(target, event, buf);
+    if (err_of(c)) return err_of(c);
+  }
+  return r->eq_orig->read(eq, event, buf, len, flags);
+}
+ssize_t eq_sread(fid_eq* eq, uint32_t* event, void* buf, size_t len, int timeout,
+                 uint64_t flags) {
+  rec* r = find(&eq->fid);
+  fid* target = shutdown_target(r, len);
+  if (const int c = fault_at(s_eq_sread, target != nullptr); c >= 0) {
+    if (codes[c].special == c_shutdown) return made_up_shutdown(target, event, buf);
+    if (err_of(c)) return err_of(c);
+  }
+  return r->eq_orig->sread(eq, event, buf, len, timeout, flags);
+}
+
+int f_eq_open(fid_fabric* f, fi_eq_attr* attr, fid_eq** eq, void* context) {
+  rec* r = find(&f->fid);
+  INJECT(s_eq_open);
+  const int ret = r->fabric_orig->eq_open(f, attr, eq, context);
+  if (ret != 0) return ret;
+  if (rec* q = new_rec(&(*eq)->fid))
+    patch((*eq)->ops, q->eq_orig, q->eq_copy, [](fi_ops_eq& t, std::size_t size) {
+      WRAP(fi_ops_eq, t, read, eq_read, size);
+      WRAP(fi_ops_eq, t, sread, eq_sread, size);
+    });
+  return 0;
+}
+int f_passive_ep(fid_fabric* f, fi_info* info, fid_pep** pep, void* context) {
+  rec* r = find(&f->fid);
+  INJECT(s_passive_ep);
+  const int ret = r->fabric_orig->passive_ep(f, info, pep, context);
+  if (ret != 0) return ret;
+  if (rec* p = new_rec(&(*pep)->fid))
+    patch((*pep)->cm, p->cm_orig, p->cm_copy,
+          [](fi_ops_cm& t, std::size_t size) { WRAP(fi_ops_cm, t, listen, cm_listen, size); });
+  return 0;
+}
+
 int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context) {
   fid_fabric* f = attr->fabric;
   const auto* prov = static_cast<const fi_provider*>(context); // the hooked provider
@@ -672,6 +794,8 @@ int install_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context) {
   patch(f->ops, r->fabric_orig, r->fabric_copy, [](fi_ops_fabric& t, std::size_t size) {
     WRAP(fi_ops_fabric, t, domain, f_domain, size);
     WRAP(fi_ops_fabric, t, domain2, f_domain2, size);
+    WRAP(fi_ops_fabric, t, passive_ep, f_passive_ep, size);
+    WRAP(fi_ops_fabric, t, eq_open, f_eq_open, size);
   });
   *fabric = f;
   return 0;

@@ -49,7 +49,7 @@ POSTS = ["send", "sendv", "sendmsg", "inject", "senddata", "injectdata", "recv",
          "tsend", "tsendmsg", "tinject", "trecv", "trecvmsg", "read", "readmsg", "write", "writemsg",
          "inject_write"]
 SETUP = ["domain", "endpoint", "cq_open", "av_open", "mr_reg", "mr_regv", "mr_regattr", "av_insert",
-         "ep_bind", "enable"]
+         "ep_bind", "enable", "eq_open", "passive_ep", "listen", "connect", "accept"]
 CODES = {s: ["EAGAIN", "EIO"] for s in POSTS}
 CODES.update({s: ["ENOMEM", "EIO"] for s in SETUP})
 CODES.update({
@@ -61,6 +61,10 @@ CODES.update({
     "cntr_read": ["short", "lag"],
     "cntr_readerr": ["short", "lag"],
     "cntr_wait": ["ETIMEDOUT", "EAVAIL", "EIO"],
+    # FI_EP_MSG programs (shutdown): 'shutdown' makes the read return a made-up FI_SHUTDOWN for
+    # an endpoint bound to the EQ (not injected where none is bound yet)
+    "eq_read": ["EAGAIN", "EIO", "shutdown"],
+    "eq_sread": ["EAGAIN", "EIO", "shutdown"],
 })
 # The short form (CI): a few sites x 2 codes, the 1st call only.
 SHORT = {"send": ["EAGAIN", "EIO"], "recv": ["EAGAIN", "EIO"], "cq_read": ["EAVAIL", "EIO"],
@@ -72,7 +76,9 @@ SHORT = {"send": ["EAGAIN", "EIO"], "recv": ["EAGAIN", "EIO"], "cq_read": ["EAVA
 # not lost either; docs/reliability.md): the full sweep shows it, CI does not fail on it.
 LAYER_SHORT = {s: [c for c in codes if c != "lag"] for s, codes in SHORT.items()}
 # The provider the application names last is the one the hooks see (rxm over tcp, ...).
-TOP = {"tcp;ofi_rxm": "ofi_rxm", "udp;ofi_rxd": "ofi_rxd", "shm": "shm", "sockets": "sockets"}
+# Plain tcp (FI_EP_MSG programs) is its own top provider.
+TOP = {"tcp;ofi_rxm": "ofi_rxm", "udp;ofi_rxd": "ofi_rxd", "shm": "shm", "sockets": "sockets",
+       "tcp": "tcp"}
 VALUE_CODES = ("short", "lag", "wrap32")
 DEFECTS = ("hang", "lost", "crash", "asan", "differs", "misreported")
 SITE_RE = re.compile(r"^compcntr-fault pid=(\d+) site=(\w+) calls=(\d+)$", re.M)
@@ -86,6 +92,8 @@ ERRNO = {"EAGAIN": 11, "ENOMEM": 12, "EIO": 5, "EINVAL": 22, "EBUSY": 16, "ENOSY
 def names_of(code):
     """How a program's output names an injected code: -FI_EXXX, or the number a program prints
     for calls that return a count (fi_av_insert: "= -12")."""
+    if code == "shutdown":
+        return ["FI_SHUTDOWN"]  # a made-up event the program did not expect there
     if code not in ERRNO:
         return []
     names = [f"FI_{code}", f"= -{ERRNO[code]}"]
