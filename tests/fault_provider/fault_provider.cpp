@@ -476,7 +476,20 @@ int ep_close(fid* f) {
 int ep_control(fid* f, int command, void* arg) {
   rec* r = find(f);
   if (command == FI_ENABLE) INJECT(s_enable);
-  return r->fid_orig->control(f, command, arg);
+  const int ret = r->fid_orig->control(f, command, arg);
+  // An alias endpoint (fi_ep_alias) may share the endpoint's ops tables, ours (sockets' does):
+  // its calls then reach our wrappers with the alias's fid, which must find the endpoint's record.
+  if (command == FI_ALIAS && ret == 0 && arg != nullptr) {
+    const auto* al = static_cast<const struct fi_alias*>(arg);
+    if (al->fid != nullptr && *al->fid != nullptr) {
+      try {
+        std::lock_guard lk(g_reg_mu);
+        registry()[*al->fid] = r;
+      } catch (...) {
+      }
+    }
+  }
+  return ret;
 }
 
 #define EP_CALL(table, s, fn, ...) \

@@ -69,13 +69,7 @@ fi_run = sweep.fi_run
 DEFECTS = ("hang", "crash", "asan", "differs")
 # Test cases x providers not swept, with the reason (their run without a fault fails under the
 # fault provider for a reason that is not compcntr's).
-KNOWN_BROKEN = {
-    ("sockets: FI_TRIGGER operations and FI_QUEUE_WORK on counters", "sockets"):
-        "the fault provider does not follow fi_ep_alias: sockets' alias endpoint shares the "
-        "endpoint's ops tables, the fault provider's r_write finds no record for the alias "
-        "(fault_provider.cpp EP_CALL: find() nullptr) and crashes (SIGSEGV), with or without "
-        "the compcntr hook",
-}
+KNOWN_BROKEN = {}
 # Faults whose defect outcome is libfabric's, shown by other test cases without the hook, for the
 # test cases that run only hooked (their run without the hook reaches nothing to compare):
 # (provider, site, call) -> the reason. The outcome becomes "nohook-<outcome>" with the reason.
