@@ -762,8 +762,7 @@ ssize_t eq_read(fid_eq* eq, uint32_t* event, void* buf, size_t len, uint64_t fla
   }
   return r->eq_orig->read(eq, event, buf, len, flags);
 }
-ssize_t eq_sread(fid_eq* eq, uint32_t* event, void* buf, size_t len, int timeout,
-                 uint64_t flags) {
+ssize_t eq_sread(fid_eq* eq, uint32_t* event, void* buf, size_t len, int timeout, uint64_t flags) {
   rec* r = find(&eq->fid);
   fid* target = shutdown_target(r, len);
   if (const int c = fault_at(s_eq_sread, target != nullptr); c >= 0) {

@@ -129,7 +129,7 @@ static struct fi_eq_cm_entry *eq_expect(struct app *a, struct fid_eq *eq, uint32
 		struct fi_eq_err_entry err = { 0 };
 		ssize_t r2 = fi_eq_readerr(eq, &err, 0);
 		fail(a, "waiting for %s: fi_eq_sread = -FI_EAVAIL; fi_eq_readerr = %s, err %s",
-		    evname(want), errname((int)r2), errname(-err.err));
+		     evname(want), errname((int)r2), errname(-err.err));
 	}
 	if (ret < 0)
 		fail(a, "waiting for %s: fi_eq_sread = %s", evname(want), errstr((int)ret));
@@ -137,7 +137,7 @@ static struct fi_eq_cm_entry *eq_expect(struct app *a, struct fid_eq *eq, uint32
 		fail(a, "waiting for %s: fi_eq_sread gave %s", evname(want), evname(ev));
 	if ((size_t)ret < sizeof *entry)
 		fail(a, "%s: fi_eq_sread = %zd bytes, less than an fi_eq_cm_entry", evname(want),
-		    ret);
+		     ret);
 	return entry;
 }
 
@@ -264,8 +264,8 @@ static void server(struct app *a)
 	CHECK(a, fi_accept(ep, NULL, 0));
 	struct fi_eq_cm_entry ev;
 	eq_expect(a, eq, FI_CONNECTED, &ev, sizeof ev);
-	out(a, "EQ: FI_CONNREQ, then FI_CONNECTED%s; %d receives posted", ev.fid == &ep->fid ?
-	    " on the accepted endpoint" : " on another fid", NRECV);
+	out(a, "EQ: FI_CONNREQ, then FI_CONNECTED%s; %d receives posted",
+	    ev.fid == &ep->fid ? " on the accepted endpoint" : " on another fid", NRECV);
 
 	struct waiter w = { .c = rxc, .ret = 1, .done = 0 };
 	if (pthread_create(&g_waiter, NULL, waiter_main, &w))
@@ -319,7 +319,8 @@ static void client(struct app *a)
 	CHECK(a, fi_connect(a->ep, name, NULL, 0));
 	struct fi_eq_cm_entry ev;
 	eq_expect(a, eq, FI_CONNECTED, &ev, sizeof ev);
-	out(a, "EQ: FI_CONNECTED%s", ev.fid == &a->ep->fid ? " on the endpoint" : " on another fid");
+	out(a, "EQ: FI_CONNECTED%s",
+	    ev.fid == &a->ep->fid ? " on the endpoint" : " on another fid");
 
 	struct app_buf tx;
 	app_mr(a, &tx, NSENT * MSGSZ, FI_SEND);

@@ -458,8 +458,8 @@ TEST_CASE(
       // The sender's post result, checked after the join (a failed send ends both loops).
       std::atomic<ssize_t> sent{1};
       std::thread sender([&] {
-        sent = p->post(
-            [&] { return fi_send(p->a.ep, p->a.buf, 16, p->a.desc, p->b.addr, p->ctx()); });
+        sent =
+            p->post([&] { return fi_send(p->a.ep, p->a.buf, 16, p->a.desc, p->b.addr, p->ctx()); });
         fi_cq_data_entry e;
         const auto end = clk::now() + std::chrono::seconds(10);
         while (sent == 0 && fi_cq_read(p->a.cq, &e, 1) != 1 && clk::now() < end) {
