@@ -115,6 +115,17 @@ paused_creator spawn_paused_creator(const seg_name& n, compcntr_device* d, std::
   return {pid, r, id};
 }
 
+// The preamble of most cases: a segment of the case's own, one counter on it, and its id (the
+// counter and the device are closed by the case itself, with its checks).
+struct one_counter {
+  seg_name n;
+  compcntr_device* d;
+  compcntr_comp_cntr* c;
+  compcntr_counter_id id;
+  explicit one_counter(const char* what)
+      : n(what), d(open_or_fail(n)), c(create(d)), id(id_of(c)) {}
+};
+
 // In a child: become nobody (groups, gid, uid), or exit with the line.
 void become_nobody() {
   const passwd* pw = ::getpwnam("nobody");
@@ -273,10 +284,8 @@ TEST_CASE("shared counters: create here, resolve and update in a forked child, e
 }
 
 TEST_CASE("shared counters: N processes x M increments give the exact total") {
-  seg_name n("many");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("many");
+  auto& [n, d, c, id] = f;
   constexpr int procs = 4;
   constexpr std::uint64_t per = 50'000;
   channel start;
@@ -305,10 +314,8 @@ TEST_CASE("shared counters: N processes x M increments give the exact total") {
 }
 
 TEST_CASE("shared counters: a waiter asleep in the kernel is woken by another process") {
-  seg_name n("sleep");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("sleep");
+  auto& [n, d, c, id] = f;
   seg_view view(n);
   REQUIRE(view);
   // A wait that times out in another process: ETIMEDOUT, exactly.
@@ -387,10 +394,8 @@ TEST_CASE("shared counters: the C++ API (open, open_shared, id, resolve, wait) a
 
 #ifdef COMPCNTR_SHARED_CHILD
 TEST_CASE("shared counters: an exec'ed program resolves, updates and waits") {
-  seg_name n("exec");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("exec");
+  auto& [n, d, c, id] = f;
   seg_view view(n);
   REQUIRE(view);
   const std::string gen = std::to_string(id.generation), idx = std::to_string(id.index);
@@ -858,10 +863,8 @@ TEST_CASE("shared devices: the name removed once every process opened it (docs/s
   // What examples/runtime does: all processes open the segment, one removes its name; they
   // keep resolving, updating and waiting; nothing is left in /dev/shm; a later segment of the
   // same name is a new one, and the old segment's last close leaves it alone.
-  seg_name n("unlink");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("unlink");
+  auto& [n, d, c, id] = f;
   channel opened, go;
   const pid_t pid = spawn([&] {
     compcntr_device* cd = child_open(n);
@@ -990,10 +993,8 @@ TEST_CASE("shared fds: a threshold-armed fd is readable exactly when another pro
 }
 
 TEST_CASE("shared fds: a plain arm hears another process's update; own updates signal inline") {
-  seg_name n("fdplain");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("fdplain");
+  auto& [n, d, c, id] = f;
   const int fd = get_fd(c);
   REQUIRE(compcntr_comp_cntr_arm_fd(c) == 0);
   CHECK(readable(fd, 0) == 0);
@@ -1054,10 +1055,8 @@ TEST_CASE("shared fds: a plain arm hears another process's update; own updates s
 
 #ifdef COMPCNTR_SHARED_CHILD
 TEST_CASE("shared fds: an exec'ed program's update makes the parent's armed fd readable") {
-  seg_name n("fdexec");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("fdexec");
+  auto& [n, d, c, id] = f;
   const int fd = get_fd(c);
   REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 25) == 0);
   const std::string gen = std::to_string(id.generation), idx = std::to_string(id.index);
@@ -1079,10 +1078,8 @@ TEST_CASE("shared fds: an exec'ed program's update makes the parent's armed fd r
 
 TEST_CASE(
     "shared fds: 4 updating processes, 3 arming processes, every readiness at its threshold") {
-  seg_name n("fdmany");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("fdmany");
+  auto& [n, d, c, id] = f;
   constexpr int updaters = 4, armers = 2;
   constexpr std::uint64_t per = 2000, total = per * updaters;
   channel start, ready;
@@ -1134,10 +1131,8 @@ TEST_CASE(
 }
 
 TEST_CASE("shared fds: an updater killed between its update and its wake-up cannot hide it") {
-  seg_name n("fdkill");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("fdkill");
+  auto& [n, d, c, id] = f;
   seg_view view(n);
   REQUIRE(view);
   const int fd = get_fd(c);
@@ -1180,10 +1175,8 @@ TEST_CASE("shared fds: the counter's creator dies: the armed fd becomes readable
 }
 
 TEST_CASE("shared fds: a process killed while armed leaves the others working, nothing held") {
-  seg_name n("fdwaiter");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("fdwaiter");
+  auto& [n, d, c, id] = f;
   seg_view view(n);
   REQUIRE(view);
   channel ready;
@@ -1311,10 +1304,8 @@ TEST_CASE(
     "shared fds: stress (TSan): foreign updates, re-arms and armed counters coming and going") {
   // A thread plays another process: it adds to the cell through a separate mapping of the
   // segment and wakes sleepers as notify_shared does, so only the watcher can hear it.
-  seg_name n("fdstress");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("fdstress");
+  auto& [n, d, c, id] = f;
   seg_view view(n);
   REQUIRE(view);
   const int fd = get_fd(c);
@@ -1465,10 +1456,8 @@ TEST_CASE("shared triggers: another process's update crossing the threshold fire
 }
 
 TEST_CASE("shared triggers: a chain of 40 thresholds crossed by 4 processes, deferred too") {
-  seg_name n("trigmany");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("trigmany");
+  auto& [n, d, c, id] = f;
   constexpr int updaters = 4, chain = 40;
   constexpr std::uint64_t per = 1000, total = per * updaters, step = total / chain;
   const int efd = ::eventfd(0, EFD_CLOEXEC);
@@ -1538,10 +1527,8 @@ TEST_CASE("shared triggers: a forked child cannot arm on a parent's device (EOWN
 }
 
 TEST_CASE("shared triggers: stress (TSan): foreign updates fire triggers re-armed 300 times") {
-  seg_name n("trigstress");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("trigstress");
+  auto& [n, d, c, id] = f;
   seg_view view(n);
   REQUIRE(view);
   std::atomic<bool> stop{false};
@@ -1586,10 +1573,8 @@ TEST_CASE("shared triggers: stress (TSan): foreign updates fire triggers re-arme
 // The sweep takes a dead process's share out now; sleepers of live processes stay counted (and
 // are woken as before).
 TEST_CASE("shared waits: a process killed asleep gives its sleeper count back at the sweep") {
-  seg_name n("sleepkill");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("sleepkill");
+  auto& [n, d, c, id] = f;
   seg_view view(n);
   REQUIRE(view);
   channel ready;
@@ -1633,10 +1618,8 @@ TEST_CASE("shared waits: a process killed asleep gives its sleeper count back at
 // in an epoll set, two processes adding. Each batch wakes epoll_wait exactly once, when its
 // last add reaches the threshold, with one signal; a fresh arm below the threshold is not readable.
 TEST_CASE("shared fds: an epoll loop wakes once per batch of two other processes' updates") {
-  seg_name n("fdepoll");
-  compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* c = create(d);
-  const compcntr_counter_id id = id_of(c);
+  one_counter f("fdepoll");
+  auto& [n, d, c, id] = f;
   const int fd = get_fd(c);
   const int ep = ::epoll_create1(EPOLL_CLOEXEC);
   REQUIRE(ep >= 0);
