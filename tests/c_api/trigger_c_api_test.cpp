@@ -149,6 +149,26 @@ TEST_CASE("arm_add / arm_set hold their target; flush; progress; destroy with ar
 }
 
 namespace {
+// Two connected QPs of dev (RESET -> INIT -> connected), with counters attached first:
+// {counter, op bits} for each side.
+using attachments = std::vector<std::pair<compcntr_comp_cntr*, uint32_t>>;
+std::pair<compcntr_qp*, compcntr_qp*> connected_qps(compcntr_device* dev, const attachments& on_a,
+                                                    const attachments& on_b) {
+  compcntr_qp* a = compcntr_create_qp(dev);
+  compcntr_qp* b = compcntr_create_qp(dev);
+  REQUIRE(a);
+  REQUIRE(b);
+  for (auto [qp, list] : {std::pair{a, &on_a}, std::pair{b, &on_b}})
+    for (auto [cc, ops] : *list) {
+      compcntr_qp_attach_comp_cntr_attr at{0, ops};
+      REQUIRE(compcntr_qp_attach_comp_cntr(qp, cc, &at) == 0);
+    }
+  REQUIRE(compcntr_modify_qp(a, COMPCNTR_QPS_INIT) == 0);
+  REQUIRE(compcntr_modify_qp(b, COMPCNTR_QPS_INIT) == 0);
+  REQUIRE(compcntr_connect_qp(a, b) == 0);
+  return {a, b};
+}
+
 // A triggered work request: when the send counter reaches the threshold, post the next send.
 struct chain_link {
   compcntr_qp* qp;
@@ -166,19 +186,10 @@ void post_next(void* ctx, int status) {
 TEST_CASE("triggered work requests on the software device: a chain of sends without the caller") {
   compcntr_device* dev = compcntr_open_device("soft");
   REQUIRE(dev);
-  compcntr_qp* a = compcntr_create_qp(dev);
-  compcntr_qp* b = compcntr_create_qp(dev);
-  REQUIRE(a);
-  REQUIRE(b);
   compcntr_comp_cntr* sends = make_cc(dev);
   compcntr_comp_cntr* recvs = make_cc(dev);
-  compcntr_qp_attach_comp_cntr_attr sa{0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND};
-  compcntr_qp_attach_comp_cntr_attr ra{0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV};
-  REQUIRE(compcntr_qp_attach_comp_cntr(a, sends, &sa) == 0);
-  REQUIRE(compcntr_qp_attach_comp_cntr(b, recvs, &ra) == 0);
-  REQUIRE(compcntr_modify_qp(a, COMPCNTR_QPS_INIT) == 0);
-  REQUIRE(compcntr_modify_qp(b, COMPCNTR_QPS_INIT) == 0);
-  REQUIRE(compcntr_connect_qp(a, b) == 0);
+  auto [a, b] = connected_qps(dev, {{sends, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_SEND}},
+                              {{recvs, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RECV}});
   static char out[8] = "payload", in[4][8];
   compcntr_mr* mo = compcntr_reg_mr(dev, out, sizeof out, COMPCNTR_ACCESS_LOCAL_WRITE);
   compcntr_mr* mi = compcntr_reg_mr(dev, in, sizeof in, COMPCNTR_ACCESS_LOCAL_WRITE);
@@ -242,22 +253,13 @@ void post_rdma(void* ctx, int status) {
 TEST_CASE("triggered RDMA writes and reads on the software device: chains, and a failing link") {
   compcntr_device* dev = compcntr_open_device("soft");
   REQUIRE(dev);
-  compcntr_qp* a = compcntr_create_qp(dev);
-  compcntr_qp* b = compcntr_create_qp(dev);
-  REQUIRE(a);
-  REQUIRE(b);
   compcntr_comp_cntr* writes = make_cc(dev);
   compcntr_comp_cntr* reads = make_cc(dev);
   compcntr_comp_cntr* remote_writes = make_cc(dev);
-  compcntr_qp_attach_comp_cntr_attr wa{0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE};
-  compcntr_qp_attach_comp_cntr_attr ra{0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_READ};
-  compcntr_qp_attach_comp_cntr_attr rwa{0, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE};
-  REQUIRE(compcntr_qp_attach_comp_cntr(a, writes, &wa) == 0);
-  REQUIRE(compcntr_qp_attach_comp_cntr(a, reads, &ra) == 0);
-  REQUIRE(compcntr_qp_attach_comp_cntr(b, remote_writes, &rwa) == 0);
-  REQUIRE(compcntr_modify_qp(a, COMPCNTR_QPS_INIT) == 0);
-  REQUIRE(compcntr_modify_qp(b, COMPCNTR_QPS_INIT) == 0);
-  REQUIRE(compcntr_connect_qp(a, b) == 0);
+  auto [a, b] = connected_qps(dev,
+                              {{writes, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE},
+                               {reads, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_READ}},
+                              {{remote_writes, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE}});
   static char src[4][8] = {"block-0", "block-1", "block-2", "block-3"};
   static char target[4][8], back[4][8];
   compcntr_mr* ms = compcntr_reg_mr(dev, src, sizeof src, COMPCNTR_ACCESS_LOCAL_WRITE);
@@ -310,14 +312,7 @@ TEST_CASE("triggered RDMA writes and reads on the software device: chains, and a
   // write counter's error count; the QP goes to ERR, as in verbs) and moves no byte; the trigger
   // armed behind it on the same counter stays armed until its own threshold, which a transfer
   // of a second QP pair counting into the same counter reaches.
-  compcntr_qp* c = compcntr_create_qp(dev);
-  compcntr_qp* d = compcntr_create_qp(dev);
-  REQUIRE(c);
-  REQUIRE(d);
-  REQUIRE(compcntr_qp_attach_comp_cntr(c, writes, &wa) == 0);
-  REQUIRE(compcntr_modify_qp(c, COMPCNTR_QPS_INIT) == 0);
-  REQUIRE(compcntr_modify_qp(d, COMPCNTR_QPS_INIT) == 0);
-  REQUIRE(compcntr_connect_qp(c, d) == 0);
+  auto [c, d] = connected_qps(dev, {{writes, COMPCNTR_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE}}, {});
   rdma_link bad{a, false, &src[0][0], ms->lkey, taddr, mt->rkey + 1000, 0};
   rdma_link after{c, false, &src[0][0], ms->lkey, taddr, mt->rkey, 1};
   std::memset(target, 0, sizeof target);
