@@ -148,6 +148,42 @@ TEST_CASE("arm_add / arm_set hold their target; flush; progress; destroy with ar
   CHECK(compcntr_close_device(dev) == 0);
 }
 
+TEST_CASE("chains: a counter's own update inside its batch is looked at before the other "
+          "counters the batch updated") {
+  // Found by fuzz_fi_ofi (corpus/fi_ofi/divergence-self-chain-order): an action that updated
+  // its own counter put it behind the other counters its batch updated, so their deferred
+  // actions were queued first; the model (and another thread's update) look again at once.
+  compcntr_device* dev = compcntr_open_device("soft");
+  REQUIRE(dev);
+  compcntr_comp_cntr* c = make_cc(dev);
+  compcntr_comp_cntr* d = make_cc(dev);
+  compcntr_comp_cntr* e = make_cc(dev);
+  record r;
+  tagged at2{&r, 1}, at3{&r, 2}, bd{&r, 3}, be{&r, 4};
+  // At 1 on c: add 1 to c (its own), set d to 5, add 1 to c again, set e to 5.
+  compcntr_trigger* self1 = compcntr_trigger_arm_add(c, 1, c, 1);
+  compcntr_trigger* setd = compcntr_trigger_arm_set(c, 1, d, 5);
+  compcntr_trigger* self2 = compcntr_trigger_arm_add(c, 1, c, 1);
+  compcntr_trigger* sete = compcntr_trigger_arm_set(c, 1, e, 5);
+  compcntr_trigger* tc2 = compcntr_trigger_arm(c, 2, note, &at2, COMPCNTR_TRIGGER_DEFERRED);
+  compcntr_trigger* tc3 = compcntr_trigger_arm(c, 3, note, &at3, COMPCNTR_TRIGGER_DEFERRED);
+  compcntr_trigger* td = compcntr_trigger_arm(d, 1, note, &bd, COMPCNTR_TRIGGER_DEFERRED);
+  compcntr_trigger* te = compcntr_trigger_arm(e, 1, note, &be, COMPCNTR_TRIGGER_DEFERRED);
+  for (compcntr_trigger* t : {self1, setd, self2, sete, tc2, tc3, td, te}) REQUIRE(t);
+  CHECK(compcntr_inc_comp_cntr(c, 1) == 0);
+  uint64_t v = 0;
+  compcntr_read_comp_cntr(c, &v);
+  CHECK(v == 3);
+  CHECK(r.calls.empty());  // deferred: queued, not run
+  CHECK(compcntr_trigger_progress(dev) == 4);
+  // c's own (threshold order), then the other counters, the last updated first (a stack).
+  CHECK(r.calls == calls{{1, 0}, {2, 0}, {4, 0}, {3, 0}});
+  for (compcntr_trigger* t : {self1, setd, self2, sete, tc2, tc3, td, te})
+    CHECK(compcntr_trigger_destroy(t) == 0);
+  for (compcntr_comp_cntr* x : {c, d, e}) CHECK(compcntr_destroy_comp_cntr(x) == 0);
+  CHECK(compcntr_close_device(dev) == 0);
+}
+
 namespace {
 // Two connected QPs of dev (RESET -> INIT -> connected), with counters attached first:
 // {counter, op bits} for each side.
