@@ -121,7 +121,13 @@ inline const Ops* orig_of(const Ops* p) noexcept {
 
 /// Settings read from the environment once, when libfabric loads the hook.
 struct config {
-  bool progress_thread = false;       ///< COMPCNTR_FI_PROGRESS_THREAD=1
+  bool progress_thread = false;       ///< COMPCNTR_FI_PROGRESS_THREAD=1 (or =always), and
+      ///< not declined for a pinned process (below)
+  /// COMPCNTR_FI_PROGRESS_THREAD=1 asked for the thread, but the process is pinned to one CPU of
+  /// several (a launcher's binding, e.g. mpiexec's --bind-to core): the thread would run only by
+  /// preempting the application's thread on that CPU, so counters use caller progress (=always
+  /// starts it anyway).
+  bool progress_thread_declined = false;
   std::int64_t wait_spin_ns = 100'000;  ///< COMPCNTR_FI_WAIT_SPIN_US (default 100)
   /// Spin of a wait that can sleep on a provider wait set whose fds report arriving data
   /// (FI_WAIT_UNSPEC/FD counters of tcp;ofi_rxm and udp;ofi_rxd): 0 unless

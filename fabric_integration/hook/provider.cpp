@@ -9,6 +9,7 @@
 #include <rdma/providers/fi_log.h>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -51,10 +52,32 @@ std::int64_t env_int(const char* name, std::int64_t dflt, std::int64_t lo,
   return x;
 }
 
+// Whether this process may run on exactly one CPU of the several the machine has online (a
+// launcher pinned it: mpiexec binds each rank to a core by default for up to 2 ranks).
+bool pinned_to_one_cpu() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return false;
+  return CPU_COUNT(&set) == 1 && sysconf(_SC_NPROCESSORS_ONLN) > 1;
+}
+
 } // namespace
 
 void read_config() noexcept {
   g_cfg.progress_thread = env_true("COMPCNTR_FI_PROGRESS_THREAD");
+  // Caller progress chosen automatically where the thread loses (docs/hook.md, "Progress
+  // thread"): with the process pinned to one CPU, SOS's latencies on 2 CPUs were 1.35x
+  // (ping-pong) and 1.3-1.5x (shmem_int_p + shmem_quiet) with the thread against 1.0-1.1x hooked
+  // without it (issue 23).
+  if (const char* v = std::getenv("COMPCNTR_FI_PROGRESS_THREAD");
+      g_cfg.progress_thread && strcasecmp(v, "always") != 0 && pinned_to_one_cpu()) {
+    g_cfg.progress_thread = false;
+    g_cfg.progress_thread_declined = true;
+    FI_INFO(&self(), FI_LOG_CORE,
+            "COMPCNTR_FI_PROGRESS_THREAD=%s declined: the process is pinned to one CPU "
+            "(caller progress; =always starts the thread anyway)\n",
+            std::getenv("COMPCNTR_FI_PROGRESS_THREAD"));
+  }
   g_cfg.wait_spin_ns = env_int("COMPCNTR_FI_WAIT_SPIN_US", 100, 0, 10'000'000) * 1000;
   g_cfg.fd_wait_spin_ns = std::getenv("COMPCNTR_FI_WAIT_SPIN_US") ? g_cfg.wait_spin_ns : 0;
   g_cfg.progress_idle_us =
@@ -121,13 +144,14 @@ void write_stats() noexcept {
       " cntr_bound=%" PRIu64 " cntr_reads=%" PRIu64 " cntr_readerrs=%" PRIu64 " cntr_waits=%" PRIu64
       " cntr_closed=%" PRIu64 " cntr_open_refused=%" PRIu64 " trywaits=%" PRIu64
       " triggers_translated=%" PRIu64 " work_translated=%" PRIu64
-      " progress_thread=%d providers=%s%s\n",
+      " progress_thread=%s providers=%s%s\n",
       module().stats_prefix, static_cast<int>(getpid()), g_stats.fabrics.load(),
       g_stats.domains.load(), g_stats.cntr_open.load(), g_stats.cntr_served.load(),
       g_stats.cntr_bound.load(), reads, readerrs, waits, g_stats.cntr_closed.load(),
       g_stats.cntr_open_refused.load(), g_stats.trywaits.load(), g_stats.triggers_translated.load(),
-      g_stats.work_translated.load(), g_cfg.progress_thread ? 1 : 0, provs.c_str(),
-      live_counted ? "" : " live_counts=skipped");
+      g_stats.work_translated.load(),
+      g_cfg.progress_thread ? "1" : (g_cfg.progress_thread_declined ? "pinned" : "0"),
+      provs.c_str(), live_counted ? "" : " live_counts=skipped");
   if (n <= 0) return;
   // One write(2) of the whole line with O_APPEND: lines of concurrent processes never interleave.
   const int fd = ::open(g_cfg.stats_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

@@ -16,6 +16,9 @@ For every program and provider:
 Usage:
   run.py [--hook-dir DIR] [--timeout S] [--hook-env NAME=VALUE] [--expect-stat KEY=VALUE]
          PROGRAM... -p PROVIDER [-p PROVIDER...]
+  run.py ... --expect-out FILE PROGRAM -p PROVIDER
+         as above, and the output without the hook must be exactly FILE (a program whose
+         result per provider is asserted, not only compared: self_write)
   run.py --matrix [--hook-dir DIR] PROGRAM...        every program on the four providers, a table
   run.py --layer-dir DIR --expect FILE PROGRAM -p PROVIDER
          the layered provider ofi_compcntr (docs/ofi_compcntr.md): PROGRAM runs once with
@@ -118,8 +121,11 @@ def expected_with_hook(program, provider, out):
     return "\n".join(lines), problems
 
 
-def check(program_path, provider, hook_dir, timeout, verbose=True, hook_env=(), expect_stats=()):
-    """Runs one program on one provider both ways. Returns ("pass"|"fail"|"skip", report text)."""
+def check(program_path, provider, hook_dir, timeout, verbose=True, hook_env=(), expect_stats=(),
+          expect_out=""):
+    """Runs one program on one provider both ways. Returns ("pass"|"fail"|"skip", report text).
+    expect_out: a file the without-hook output must equal (the with-hook output must equal that
+    output as always)."""
     program = os.path.basename(program_path)
     program = program[len("fi_app_"):] if program.startswith("fi_app_") else program
     cmd = [program_path, "-p", provider]
@@ -132,6 +138,14 @@ def check(program_path, provider, hook_dir, timeout, verbose=True, hook_env=(), 
     if st0 != 0:
         ok = False
         report.append("without-hook run failed:\n" + out0 + err0)
+    if expect_out:
+        with open(expect_out) as f:
+            want0 = f.read()
+        if out0 != want0:
+            ok = False
+            diff = difflib.unified_diff(want0.splitlines(), out0.splitlines(), "expected", "without hook",
+                                        lineterm="")
+            report.append("output without the hook differs from " + expect_out + ":\n" + "\n".join(diff))
     if not hook_dir or not os.path.exists(os.path.join(hook_dir, HOOK_FILE)):
         report.append(f"with hook: not run (no {HOOK_FILE} in {hook_dir or '(no hook dir given)'})")
         return ("skip" if ok else "fail"), "\n".join(report)
@@ -302,6 +316,8 @@ def main():
     ap.add_argument("--layer-dir", default="", help="the ofi_compcntr build directory")
     ap.add_argument("--expect", default="", help="expected output through ofi_compcntr")
     ap.add_argument("--same-getinfo", action="store_true")
+    ap.add_argument("--expect-out", default="",
+                    help="with --hook-dir: the output without the hook must equal this file too")
     a = ap.parse_args()
     if a.same_getinfo or a.expect:
         if a.same_getinfo:
@@ -318,7 +334,8 @@ def main():
     results = {}
     for prog in a.programs:
         for prov in providers:
-            res, text = check(prog, prov, hook_dir, a.timeout, hook_env=a.hook_env, expect_stats=a.expect_stat)
+            res, text = check(prog, prov, hook_dir, a.timeout, hook_env=a.hook_env, expect_stats=a.expect_stat,
+                              expect_out=a.expect_out)
             results[(prog, prov)] = res
             print(f"=== {os.path.basename(prog)} -p {prov}: {res.upper()}")
             print(text)
