@@ -49,7 +49,7 @@ inline std::map<std::string, std::string> run(const context& ctx, config c, cons
     setenv("FI_PROVIDER_PATH", dir.c_str(), 1);
   }
   if (c == config::thread)
-    setenv("COMPCNTR_FI_PROGRESS_THREAD", "1", 1);
+    setenv("COMPCNTR_FI_PROGRESS_THREAD", "always", 1);  // the probe pins itself: "1" declines
   else
     unsetenv("COMPCNTR_FI_PROGRESS_THREAD");
   auto kv = ctx.run_probe(name, args, why);
