@@ -235,9 +235,14 @@ void rma_post_due() noexcept {
       // rxm connects the hidden endpoint on its first post: the notification waits for the
       // connection here (the target accepts in its progress), within k_connect_budget per
       // endpoint; afterwards -FI_EAGAIN leaves it to the next round.
+      // The target may be an endpoint of this process (of this domain): its progress too.
       if (n->e->connect_wait >= k_connect_budget) return;
       const auto t0 = clock::now();
       reap(n->e);
+      for (ep_st* o : eps_of(n->e->dom)) {
+        if (o->rx_cq) cq_drain(o->rx_cq);
+        if (o->tx_cq && o->tx_cq != o->rx_cq) cq_drain(o->tx_cq);
+      }
       n->e->connect_wait += clock::now() - t0;
       continue;
     }
