@@ -509,15 +509,15 @@ TEST_CASE("FI_RMA_EVENT over tcp: remote reads and MR-bound counters counted exa
   }
   // a's CQ: exactly one entry per operation, each with the application's context; b's: none
   std::set<void*> seen;
-  std::size_t b_entries = 0;
+  std::size_t b_entries = 0, duplicates = 0, bad_reads = 0;
   auto drain = [&] {
     fi_cq_data_entry e[8];
     ssize_t n = fi_cq_read(p->a.cq, e, 8);
-    for (ssize_t i = 0; i < n; ++i) CHECK(seen.insert(e[i].op_context).second);
-    CHECK((n > 0 || n == -FI_EAGAIN));
+    for (ssize_t i = 0; i < n; ++i) duplicates += !seen.insert(e[i].op_context).second;
+    bad_reads += !(n > 0 || n == -FI_EAGAIN);
     n = fi_cq_read(p->b.cq, e, 8);
     if (n > 0) b_entries += static_cast<std::size_t>(n);
-    CHECK((n > 0 || n == -FI_EAGAIN));
+    bad_reads += !(n > 0 || n == -FI_EAGAIN);
   };
   const auto done = [&] {
     return fi_cntr_read(c[0][0]) == nwrite && fi_cntr_read(c[0][1]) == nread &&
@@ -529,6 +529,8 @@ TEST_CASE("FI_RMA_EVENT over tcp: remote reads and MR-bound counters counted exa
   // then more progress rounds than the notifications need: nothing else may arrive
   for (int i = 0; i < 2000; ++i) drain();
   CHECK(seen == contexts);
+  CHECK(duplicates == 0);
+  CHECK(bad_reads == 0);
   CHECK(b_entries == 0);
   const std::uint64_t want[2][4] = {{nwrite, nread, 0, 0}, {0, 0, nwrite, nread}};
   for (int s = 0; s < 2; ++s)
