@@ -8,7 +8,8 @@
 // stops; so due triggers run in threshold order even when several threads cross thresholds at
 // once. Chains are trampolined: an update made inside an action does not fire its counter's
 // triggers recursively but puts the counter on the thread's pending list, which the outermost
-// firing drains before it returns (stack depth 1 whatever the chain's length).
+// firing drains before it returns (stack depth 1 whatever the chain's length); an update of the
+// counter whose batch runs makes that batch look again first, as another thread's update would.
 module;
 #include <atomic>
 #include <cerrno>
@@ -36,6 +37,10 @@ struct thread_state {
   trigger_list* serving = nullptr;
   unsigned depth = 0;               // > 0 while inside fire_list (chains)
   trigger_list* pending = nullptr;  // counters updated inside actions
+  // The list whose batch this thread's fire_list runs now: an action's update of that same
+  // counter makes the batch look again when it ends (fire_again), as another thread's would,
+  // before the counters on `pending`.
+  trigger_list* firing = nullptr;
 };
 thread_local thread_state tl;
 
@@ -93,6 +98,8 @@ void fire_list(thread_state& t, trigger_list& l) noexcept {
   }
   if (l.head == nullptr || l.head->threshold > v) return;  // nothing due (a stale `next`)
   l.fire.store(fire_running, std::memory_order_relaxed);
+  trigger_list* const outer_firing = t.firing;
+  t.firing = &l;
   trigger_node* last = nullptr;  // the batch's last node, finished after the CAS (above)
   for (;;) {
     trigger_node* batch = nullptr;
@@ -152,6 +159,7 @@ void fire_list(thread_state& t, trigger_list& l) noexcept {
     l.fire.store(fire_running, std::memory_order_relaxed);
     v = l.s->value_seq_cst();
   }
+  t.firing = outer_firing;
   if (last != nullptr) finish_node(*last, st_fired);
 }
 
@@ -238,7 +246,13 @@ void fire_slot_triggers(slot& s) noexcept {
   if (s.value_seq_cst() < l->next.load(std::memory_order_seq_cst)) return;
   thread_state& t = tl;
   if (t.depth > 0) { // inside an action: trampoline (bounded stack depth)
-    defer_to_pending(t, *l);
+    // The counter whose batch this thread runs: fire_list only leaves fire_again (it fires
+    // nothing nested), so the batch looks again as soon as it ends. Others: pending, run after
+    // the batch in the reverse order of their first update (a stack).
+    if (t.firing == l)
+      fire_list(t, *l);
+    else
+      defer_to_pending(t, *l);
     return;
   }
   ++t.depth;
