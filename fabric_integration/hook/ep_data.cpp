@@ -64,7 +64,7 @@ void fill_msg(fi_ops_msg& t, std::size_t size) {
 }
 
 ssize_t rma_readmsg(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) {
-  if (const layer_ops* l = layer(); l && (flags & FI_TRIGGER))
+  if (const layer_ops* l = layer(); l && ((flags & FI_TRIGGER) || l->emulates_rma_event(ep)))
     return l->rmamsg(ep, msg, flags, false);
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->rma)->readmsg(ep, msg, flags);
@@ -108,8 +108,32 @@ ssize_t rma_inject_write(fid_ep* ep, const void* buf, size_t len, fi_addr_t dest
   }
   return orig_of(ep->rma)->inject(ep, buf, len, dest, addr, key);
 }
+// ... and its reads, which the layer follows to their completion (ofi/rma_event.cpp).
+ssize_t rma_read(fid_ep* ep, void* buf, size_t len, void* desc, fi_addr_t src, std::uint64_t addr,
+                 std::uint64_t key, void* context) {
+  if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep)) {
+    iovec iov{buf, len};
+    fi_rma_iov riov{addr, len, key};
+    fi_msg_rma m{&iov, &desc, 1, src, &riov, 1, context, 0};
+    return l->rmamsg(ep, &m, ~std::uint64_t{0}, false); // ~0: the endpoint's default flags
+  }
+  return orig_of(ep->rma)->read(ep, buf, len, desc, src, addr, key, context);
+}
+ssize_t rma_readv(fid_ep* ep, const iovec* iov, void** desc, size_t count, fi_addr_t src,
+                  std::uint64_t addr, std::uint64_t key, void* context) {
+  if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep)) {
+    std::uint64_t len = 0;
+    for (size_t i = 0; i < count; ++i) len += iov[i].iov_len;
+    fi_rma_iov riov{addr, len, key};
+    fi_msg_rma m{iov, desc, count, src, &riov, 1, context, 0};
+    return l->rmamsg(ep, &m, ~std::uint64_t{0}, false);
+  }
+  return orig_of(ep->rma)->readv(ep, iov, desc, count, src, addr, key, context);
+}
 void fill_rma(fi_ops_rma& t, std::size_t size) {
   if (layer()) {
+    if (HOOK_HAS(fi_ops_rma, read, size) && t.read) t.read = rma_read;
+    if (HOOK_HAS(fi_ops_rma, readv, size) && t.readv) t.readv = rma_readv;
     if (HOOK_HAS(fi_ops_rma, write, size) && t.write) t.write = rma_write;
     if (HOOK_HAS(fi_ops_rma, writev, size) && t.writev) t.writev = rma_writev;
     if (HOOK_HAS(fi_ops_rma, inject, size) && t.inject) t.inject = rma_inject_write;

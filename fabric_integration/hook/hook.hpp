@@ -92,8 +92,15 @@ struct layer_ops {
   ssize_t (*atomicmsg)(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* comparev,
                        void** compare_desc, size_t compare_count, fi_ioc* resultv,
                        void** result_desc, size_t result_count, std::uint64_t flags, int kind);
-  /// Whether writes on `ep` must go through rmamsg (the layer emulates FI_RMA_EVENT there).
+  /// Whether writes and reads on `ep` must go through rmamsg (the layer emulates FI_RMA_EVENT
+  /// there).
   bool (*emulates_rma_event)(fid_ep* ep);
+  /// After fi_mr_reg / regv / regattr of domain `d` returned `mr`; before the MR's fi_close.
+  void (*mr_opened)(fid_domain* d, fid_mr* mr);
+  void (*mr_closing)(fid_mr* mr);
+  /// fi_mr_bind of counter `c` (one of the machinery's) to `mr`: true when the layer answered
+  /// (its answer in *r; the provider is not called), false to bind as the hook does.
+  bool (*mr_bind)(fid_mr* mr, fid_cntr* c, std::uint64_t flags, int* r);
   /// fi_close of one of the layer's counters, before anything is closed: 0, or the answer
   /// (-FI_EBUSY: armed, due or in-flight work would still update it).
   int (*cntr_closing)(fid_cntr* c);

@@ -7,6 +7,9 @@
 //   3. the due operations are posted to the provider below, in order (-FI_EAGAIN: the rest
 //      waits for the next round);
 //   4. the CQs where posted deferred work completes are drained (its completion counters).
+// Before them, while the FI_RMA_EVENT emulation has work (rma_event.cpp), its round: reads'
+// notifications posted, the CQs where followed reads complete and MR-counted writes arrive
+// drained.
 // All of it in the calling thread, outside the provider's own calls: an action never runs from
 // inside a provider callback. Nested calls (a completion counter's fi_cntr_add) return at once;
 // a second thread finding a round running leaves it to that thread.
@@ -22,11 +25,14 @@ in_layer::in_layer() noexcept : nested_(t_depth++ > 0) {}
 in_layer::~in_layer() { --t_depth; }
 
 void progress(const compcntr_hook::hook_cntr* pulled) noexcept {
-  if (active().load(std::memory_order_acquire) == 0) return;
+  const bool rma = rma_active().load(std::memory_order_acquire) != 0;
+  if (!rma && active().load(std::memory_order_acquire) == 0) return;
   in_layer g;
   if (g.nested()) return;
   std::unique_lock lk(mu(), std::try_to_lock);
   if (!lk.owns_lock()) return;
+  if (rma) rma_round(); // FI_RMA_EVENT emulation: notifications of reads, MR counters
+  if (active().load(std::memory_order_acquire) == 0) return;
   static thread_local std::vector<hook_cntr*> counters;
   static thread_local std::vector<fid_cq*> cqs;
   armed_counters(counters, pulled);

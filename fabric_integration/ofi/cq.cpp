@@ -138,14 +138,20 @@ std::size_t entry_size(int format) noexcept {
 // Whether an entry the provider reported goes on to the application (under mu()).
 bool keep(cq_st* s, fi_cq_tagged_entry& e, bool error) noexcept {
   if (!error && s->dom && s->dom->emulate_rma_event && (e.flags & FI_REMOTE_CQ_DATA) &&
-      (e.flags & FI_REMOTE_WRITE) && e.data == k_rma_event_data && e.op_context == nullptr)
+      (e.flags & FI_REMOTE_WRITE) && is_rma_event_data(e.data) && e.op_context == nullptr) {
+    remote_write_seen(s->dom, e.data);
     return false;
+  }
+  // A read the layer follows (rma_event.cpp): its own context back; a deferred read's is an item
+  bool read_wants = true;
+  const bool read = e.op_context != nullptr && s->dom && s->dom->emulate_rma_event &&
+                    read_completed(e, error, &read_wants);
   if (e.op_context != nullptr && inflight().erase(e.op_context)) {
     bool wants = true;
     e.op_context = item_completed(static_cast<item*>(e.op_context), error, &wants);
     return wants;
   }
-  return true;
+  return read ? read_wants : true;
 }
 
 // Reads one error entry from the provider into the CQ's error queue (under mu()).
@@ -205,7 +211,7 @@ ssize_t fill_queue(cq_st* s) noexcept {
 // count 0 is a peek (util's fi_poll reads a CQ so): 0 when an entry for the application is
 // ready, -FI_EAVAIL for an error entry, -FI_EAGAIN for none; the provider's entries read to
 // find out wait in the CQ's queue (the layer's own are taken out as for a read).
-ssize_t take(cq_st* s, void* buf, std::size_t count, fi_addr_t* src) noexcept {
+ssize_t take_entries(cq_st* s, void* buf, std::size_t count, fi_addr_t* src) noexcept {
   progress(); // the application's CQ read drives the layer's deferred work
   in_layer g;
   std::lock_guard lk(mu());
@@ -250,6 +256,11 @@ ssize_t take(cq_st* s, void* buf, std::size_t count, fi_addr_t* src) noexcept {
     if (static_cast<std::size_t>(r) < want) break;
   }
   return n ? static_cast<ssize_t>(n) : -FI_EAGAIN;
+}
+ssize_t take(cq_st* s, void* buf, std::size_t count, fi_addr_t* src) noexcept {
+  const ssize_t r = take_entries(s, buf, count, src);
+  if (s->dom && s->dom->emulate_rma_event) rma_post_due(); // reads this call completed
+  return r;
 }
 
 ssize_t cq_read(fid_cq* cq, void* buf, size_t count) {

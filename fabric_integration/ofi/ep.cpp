@@ -36,7 +36,10 @@ void ep_opened(fid_ep* ep, fid_domain* d, const fi_info* info) {
   std::lock_guard lk(mu());
   try {
     eps()[ep] = e;
-    if (ds->emulate_rma_event) g_emulating.fetch_add(1, std::memory_order_relaxed);
+    if (ds->emulate_rma_event) {
+      g_emulating.fetch_add(1, std::memory_order_relaxed);
+      rma_ep_opened(e, info);
+    }
   } catch (...) {
     delete e;
   }
@@ -59,6 +62,8 @@ void ep_bound(fid_ep* ep, fid* bfid, std::uint64_t flags) {
     if (flags & FI_READ) e->cntr_read = c;
     if (flags & FI_REMOTE_WRITE) e->cntr_rwrite = c;
     if (flags & FI_REMOTE_READ) e->cntr_rread = c;
+  } else if (bfid->fclass == FI_CLASS_AV) {
+    e->av = reinterpret_cast<fid_av*>(bfid);
   }
 }
 
@@ -68,6 +73,7 @@ void ep_closing(fid_ep* ep) {
   auto it = eps().find(ep);
   if (it == eps().end()) return;
   if (it->second->dom->emulate_rma_event) g_emulating.fetch_sub(1, std::memory_order_relaxed);
+  rma_ep_closing(it->second);
   delete it->second;
   eps().erase(it);
 }
@@ -117,6 +123,11 @@ ssize_t l_atomicmsg(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* comparev
   return arm_atomic(ep, msg, comparev, compare_desc, compare_count, resultv, result_desc,
                     result_count, flags & ~FI_TRIGGER, kind, trig_ctx(msg->context));
 }
+int l_cntr_closing(fid_cntr* c) {
+  const int r = cntr_closing(c);
+  if (r == 0) rma_cntr_closed(c);
+  return r;
+}
 bool l_emulates(fid_ep* ep) {
   if (g_emulating.load(std::memory_order_relaxed) == 0) return false;
   std::lock_guard lk(mu());
@@ -159,18 +170,22 @@ ssize_t post_tsendmsg(fid_ep* ep, const fi_msg_tagged* msg, std::uint64_t flags)
 ssize_t post_trecvmsg(fid_ep* ep, const fi_msg_tagged* msg, std::uint64_t flags) noexcept {
   return orig_of(ep->tagged)->recvmsg(ep, msg, flags);
 }
-// A write on an endpoint whose domain emulates FI_RMA_EVENT carries k_rma_event_data as remote
-// CQ data (unless it has data of its own): the target's provider counts it on its
-// FI_REMOTE_WRITE counter, and the target's layer drops its CQ entry (cq.cpp).
+// A write on an endpoint whose domain emulates FI_RMA_EVENT carries rma_event_data(its first
+// key) as remote CQ data (unless it has data of its own): the target's provider counts it on its
+// FI_REMOTE_WRITE counter, and the target's layer drops its CQ entry (cq.cpp), counting the
+// counters bound to the memory region of that key (rma_event.cpp).
 ssize_t post_writemsg(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) noexcept {
   if (!(flags & FI_REMOTE_CQ_DATA) && l_emulates(ep)) {
     fi_msg_rma m = *msg;
-    m.data = k_rma_event_data;
+    m.data = rma_event_data(msg->rma_iov_count > 0 && msg->rma_iov ? msg->rma_iov[0].key : 0);
     return orig_of(ep->rma)->writemsg(ep, &m, flags | FI_REMOTE_CQ_DATA);
   }
   return orig_of(ep->rma)->writemsg(ep, msg, flags);
 }
+// A read on such an endpoint is followed to its completion, which sends the target the
+// notification its FI_REMOTE_READ counter counts (rma_event.cpp).
 ssize_t post_readmsg(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) noexcept {
+  if (l_emulates(ep)) return read_counted(ep, msg, flags);
   return orig_of(ep->rma)->readmsg(ep, msg, flags);
 }
 ssize_t post_atomicmsg(fid_ep* ep, const fi_msg_atomic* msg, const fi_ioc* comparev,
@@ -196,7 +211,10 @@ void fill_layer(compcntr_hook::layer_ops& l) noexcept {
   l.rmamsg = l_rmamsg;
   l.atomicmsg = l_atomicmsg;
   l.emulates_rma_event = l_emulates;
-  l.cntr_closing = cntr_closing;
+  l.mr_opened = rma_mr_opened;
+  l.mr_closing = rma_mr_closing;
+  l.mr_bind = rma_mr_bind;
+  l.cntr_closing = l_cntr_closing;
   l.progress = progress;
   l.busy = busy;
 }

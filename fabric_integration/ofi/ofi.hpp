@@ -33,6 +33,7 @@
 #include <rdma/fi_trigger.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -47,8 +48,16 @@ using compcntr_hook::hook_cntr;
 
 /// Remote CQ data of the writes through which the layer emulates FI_RMA_EVENT (ep.cpp): the
 /// target's provider counts them on its FI_REMOTE_WRITE counters (rxm: every write carrying CQ
-/// data), and cq.cpp drops their CQ entries at the target. 32 bits (cq_data_size >= 4).
-constexpr std::uint64_t k_rma_event_data = 0xc0c7e17dULL;
+/// data), and cq.cpp drops their CQ entries at the target (counting the counters bound to the
+/// memory region they hit: rma_event.cpp). The upper 32 bits are this tag, the lower 32 the low
+/// bits of the write's first MR key (the providers that emulate here have cq_data_size 8).
+constexpr std::uint64_t k_rma_event_tag = 0xc0c7e17dULL;
+constexpr std::uint64_t rma_event_data(std::uint64_t key) noexcept {
+  return (k_rma_event_tag << 32) | (key & 0xffffffffULL);
+}
+constexpr bool is_rma_event_data(std::uint64_t data) noexcept {
+  return (data >> 32) == k_rma_event_tag;
+}
 
 /// The integer in an enum field of the application's structures (fi_triggered_context's
 /// event_type, fi_deferred_work's op_type, an atomic's datatype and op): a C caller may store any
@@ -76,6 +85,19 @@ struct ep_st {
   fid_cntr* cntr_read = nullptr;
   fid_cntr* cntr_rwrite = nullptr; ///< FI_REMOTE_WRITE
   fid_cntr* cntr_rread = nullptr; ///< FI_REMOTE_READ
+  // Remote-read notification (rma_event.cpp), on endpoints that emulate FI_RMA_EVENT only:
+  fid_av* av = nullptr;            ///< the AV bound to the endpoint
+  fi_info* hidden_info = nullptr;  ///< the provider's fi_info for the hidden endpoint
+  fid_ep* hidden = nullptr;        ///< the layer's endpoint that sends the notifications
+  fid_cq* hidden_cq = nullptr;     ///< its CQ (the provider's)
+  long reads = 0;                  ///< reads posted whose completion the layer waits for
+  std::chrono::steady_clock::duration connect_wait{}; ///< notifications waiting for connections
+};
+
+/// A counter bound to a memory region of a domain that emulates FI_RMA_EVENT (rma_event.cpp).
+struct mr_rec {
+  fid_mr* mr = nullptr;
+  std::vector<fid_cntr*> rwrite; ///< bound with FI_REMOTE_WRITE
 };
 
 /// A domain of the layer.
@@ -84,6 +106,7 @@ struct domain_st {
   bool emulate_rma_event = false; ///< the application asked FI_RMA_EVENT; the provider lacks it
   std::list<item*> items; ///< armed, due or in flight (under g_mu)
   std::deque<item*> ready; ///< due, to be posted in this order (under g_mu)
+  std::vector<mr_rec> mrs; ///< emulating domains: their memory regions (under g_mu)
 };
 
 /// Everything below is under g_mu (control path, and the progress round).
@@ -135,6 +158,34 @@ void cq_push_error(fid_cq* cq, void* context, std::uint64_t flags, int err) noex
 /// inflight_add is called before the operation is posted (false: no memory, not posted).
 bool inflight_add(item* it) noexcept;
 void inflight_remove(item* it) noexcept;
+
+// rma_event.cpp: FI_RMA_EVENT emulation for remote reads and memory-region counters
+/// Items of the emulation in the process (reads followed, notifications due or in flight,
+/// MR-bound counters): progress() runs rma_round while it is not 0.
+std::atomic<long>& rma_active() noexcept;
+/// A read on an endpoint that emulates FI_RMA_EVENT: posted with a context of the layer, so
+/// that its completion sends the target its notification. Other reads: the provider's.
+ssize_t read_counted(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) noexcept;
+/// A CQ entry whose context is a followed read (cq.cpp's keep, under mu()): restores the
+/// context it was posted with, makes its notification due (not for an error), sets *wants to
+/// whether the entry goes on. false: not one of them.
+bool read_completed(fi_cq_tagged_entry& e, bool error, bool* wants) noexcept;
+/// A remote write of the layer arrived at `d` (its CQ entry's data): counts the counters bound
+/// to the memory region it hit (under mu()).
+void remote_write_seen(domain_st* d, std::uint64_t data) noexcept;
+/// Posts due notifications; reaps the hidden endpoints' completions; drains the CQs where
+/// followed reads complete and where MR-counted writes arrive (under mu(), inside the layer).
+void rma_round() noexcept;
+/// Posts due notifications only (after an application's CQ read completed followed reads).
+void rma_post_due() noexcept;
+/// An endpoint's records of the emulation (ep.cpp): opened, bound to an AV, closing.
+void rma_ep_opened(ep_st* e, const fi_info* info) noexcept;
+void rma_ep_closing(ep_st* e) noexcept;
+/// layer_ops::mr_opened / mr_closing / mr_bind; counter close (forgets its MR bindings).
+void rma_mr_opened(fid_domain* d, fid_mr* mr);
+void rma_mr_closing(fid_mr* mr);
+bool rma_mr_bind(fid_mr* mr, fid_cntr* c, std::uint64_t flags, int* r);
+void rma_cntr_closed(fid_cntr* c) noexcept;
 
 // cntr.cpp
 /// One round (cntr.cpp's file comment). `pulled`: a counter the caller pulled just before

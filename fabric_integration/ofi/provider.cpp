@@ -319,6 +319,11 @@ fi_info* lower_info(const fi_info* info) {
   uint64_t strip = FI_TRIGGER;
   if ((info->caps & FI_RMA_EVENT) && !lower_has_rma_event(low)) strip |= FI_RMA_EVENT;
   low->caps &= ~strip;
+  // Emulated FI_RMA_EVENT on an RDM provider (rxm): remote reads are notified by a fetch atomic
+  // (rma_event.cpp), which rxm checks against its MR map, and rxm fills that map only on domains
+  // with FI_ATOMIC: asked for below the layer (the application's atomic caps are unchanged).
+  if ((strip & FI_RMA_EVENT) && low->ep_attr && low->ep_attr->type == FI_EP_RDM)
+    low->caps |= FI_ATOMIC;
   // The counter limit is the layer's (entry_for: compcntr's pool where the provider below
   // states none); the provider below is asked for no particular number (shm refuses a domain
   // whose hints ask for more counters than its own attributes say).
