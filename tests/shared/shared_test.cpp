@@ -126,11 +126,12 @@ struct one_counter {
       : n(what), d(open_or_fail(n)), c(create(d)), id(id_of(c)) {}
 };
 
-// In a child: become nobody (groups, gid, uid), or exit with the line.
-void become_nobody() {
+// In a child: become nobody (groups, gid, uid), or exit with the line. `gid`: the group to keep
+// (a member of the creator's group), or nobody's own.
+void become_nobody(gid_t keep_gid = static_cast<gid_t>(-1)) {
   const passwd* pw = ::getpwnam("nobody");
   const uid_t uid = pw ? pw->pw_uid : 65534;
-  const gid_t gid = pw ? pw->pw_gid : 65534;
+  const gid_t gid = keep_gid != static_cast<gid_t>(-1) ? keep_gid : pw ? pw->pw_gid : 65534;
   CHILD_CHECK(::setgroups(0, nullptr) == 0);
   CHILD_CHECK(::setgid(gid) == 0);
   CHILD_CHECK(::setuid(uid) == 0);
@@ -458,6 +459,54 @@ TEST_CASE("shared devices: another user is refused (a child running as nobody)")
   CHECK(reap(owner) == 0);
 }
 
+TEST_CASE("shared devices: a group segment (mode 0660) is used by another uid of its group, "
+          "refused to uids outside it; 0600 is refused to the group") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: needs root to run a child as nobody");
+    return;
+  }
+  seg_name g("group"), o("owneronly");
+  compcntr_device* d = compcntr_open_shared_device(g.name.c_str(), COMPCNTR_SHARED_CREATE, 0660);
+  INFO(compcntr_last_error_message());
+  REQUIRE(d != nullptr);
+  compcntr_device* od = open_or_fail(o);  // the default, owner only
+  struct stat st{};
+  REQUIRE(::stat(("/dev/shm" + g.path).c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0660);
+  compcntr_comp_cntr* c = create(d);
+  REQUIRE(compcntr_inc_comp_cntr(c, 40) == 0);
+  const compcntr_counter_id id = id_of(c);
+  const gid_t group = st.st_gid;
+  // nobody, in the segment's group: opens it, resolves the counter, adds; the 0600 one refused.
+  const pid_t member = spawn([&] {
+    become_nobody(group);
+    compcntr_device* cd = child_open(g);
+    compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(cd, &id);
+    CHILD_CHECK(r != nullptr);
+    CHILD_CHECK(compcntr_inc_comp_cntr(r, 2) == 0);
+    CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+    CHILD_CHECK(compcntr_close_device(cd) == 0);
+    errno = 0;
+    CHILD_CHECK(compcntr_open_device(o.dev().c_str()) == nullptr);
+    CHILD_CHECK(errno == EACCES);
+  });
+  CHECK(reap(member) == 0);
+  CHECK(value(c) == 42);
+  // nobody in its own group: refused, and the counter unchanged.
+  const pid_t outsider = spawn([&] {
+    become_nobody();
+    errno = 0;
+    CHILD_CHECK(compcntr_open_device(g.dev().c_str()) == nullptr);
+    CHILD_CHECK(errno == EACCES);
+    CHILD_CHECK(contains(compcntr_last_error_message(), "group"));
+  });
+  CHECK(reap(outsider) == 0);
+  CHECK(value(c) == 42);
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+  CHECK(compcntr_close_device(od) == 0);
+}
+
 TEST_CASE("shared devices: truncated and crafted segments are refused with EBADMSG / EINVAL") {
   seg_name n("trunc");
   // A real header (what this library writes) to cut short or bend; its process table names a
@@ -611,6 +660,115 @@ TEST_CASE("shared devices: a stale segment is replaced, never reused half-initia
   CHECK(value(c) == 2);
   CHECK(compcntr_destroy_comp_cntr(c) == 0);
   CHECK(compcntr_close_device(g) == 0);
+
+  // 4. Retired but still linked (its last process marked it retired and could not remove its
+  //    name): stale, even while its table still names a live process (here a child that marks
+  //    it and stays alive, as a pid reused by another program would look); replaced by an open
+  //    with CREATE, ENOENT without.
+  channel made;
+  const pid_t last = spawn([&] {
+    const compcntr_counter_id cid = child_create_counting(n, 5);
+    seg_view v(n);
+    CHILD_CHECK(v);
+    v.hdr().state.store(shm::seg_retired);
+    made.send(cid);
+    for (;;) ::pause();  // killed below: alive while the parent opens
+  });
+  struct kill_on_exit {  // a failed REQUIRE must not leave the paused child behind
+    pid_t pid;
+    ~kill_on_exit() {
+      if (pid > 0) ::kill(pid, SIGKILL), reap(pid);
+    }
+  } guard{last};
+  compcntr_counter_id rid{};
+  REQUIRE(made.recv(rid));
+  {
+    seg_view v(n);
+    REQUIRE(v);
+    CHECK(v.hdr().state.load() == shm::seg_retired);
+    CHECK(v.cells_in_use() == 1);
+  }
+  errno = 0;
+  CHECK(compcntr_open_shared_device(n.name.c_str(), 0, 0) == nullptr);
+  CHECK(errno == ENOENT);
+  CHECK(contains(compcntr_last_error_message(), "stale"));
+  compcntr_device* h = open_or_fail(n);
+  {
+    seg_view v(n);
+    REQUIRE(v);
+    CHECK(v.hdr().state.load() == shm::seg_ready);
+    CHECK(v.cells_in_use() == 0);
+    CHECK(v.procs_in_use() == 1);
+  }
+  errno = 0;
+  CHECK(compcntr_comp_cntr_resolve(h, &rid) == nullptr);
+  CHECK(errno == ENOENT);
+  compcntr_comp_cntr* fresh = create(h);
+  CHECK(value(fresh) == 0);
+  CHECK(compcntr_destroy_comp_cntr(fresh) == 0);
+  CHECK(compcntr_close_device(h) == 0);
+  REQUIRE(::kill(last, SIGKILL) == 0);
+  CHECK(reap(last) == 1000 + SIGKILL);
+  guard.pid = 0;
+}
+
+TEST_CASE("shared devices: the 57th live process is refused with EUSERS, and gets in once one "
+          "closes") {
+  seg_name n("users");
+  compcntr_device* d = open_or_fail(n);  // process 1 of shm::max_procs
+  compcntr_comp_cntr* c = create(d);
+  const compcntr_counter_id id = id_of(c);
+  struct holder {
+    pid_t pid;
+    channel opened, go;
+  };
+  std::vector<std::unique_ptr<holder>> hs;
+  for (std::uint32_t i = 1; i < shm::max_procs; ++i) {  // processes 2 .. max_procs
+    auto h = std::make_unique<holder>();
+    holder* hp = h.get();
+    h->pid = spawn([hp, &n, &id] {
+      compcntr_device* cd = child_open(n);
+      compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(cd, &id);
+      CHILD_CHECK(r != nullptr);
+      CHILD_CHECK(compcntr_inc_comp_cntr(r, 1) == 0);
+      hp->opened.send('o');
+      char x = 0;
+      CHILD_CHECK(hp->go.recv(x));
+      CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+      CHILD_CHECK(compcntr_close_device(cd) == 0);
+    });
+    char x = 0;
+    REQUIRE(h->opened.recv(x));
+    hs.push_back(std::move(h));
+  }
+  CHECK(value(c) == shm::max_procs - 1);
+  const pid_t refused = spawn([&] {
+    errno = 0;
+    CHILD_CHECK(compcntr_open_device(n.dev().c_str()) == nullptr);
+    CHILD_CHECK(errno == EUSERS);
+    CHILD_CHECK(contains(compcntr_last_error_message(), "live processes"));
+  });
+  CHECK(reap(refused) == 0);
+  CHECK(value(c) == shm::max_procs - 1);  // the refusal changed nothing
+  hs.back()->go.send('g');
+  CHECK(reap(hs.back()->pid) == 0);
+  hs.pop_back();
+  const pid_t admitted = spawn([&] {
+    compcntr_device* cd = child_open(n);
+    compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(cd, &id);
+    CHILD_CHECK(r != nullptr);
+    CHILD_CHECK(compcntr_inc_comp_cntr(r, 100) == 0);
+    CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
+    CHILD_CHECK(compcntr_close_device(cd) == 0);
+  });
+  CHECK(reap(admitted) == 0);
+  CHECK(value(c) == shm::max_procs - 1 + 100);
+  for (auto& h : hs) {
+    h->go.send('g');
+    CHECK(reap(h->pid) == 0);
+  }
+  CHECK(compcntr_destroy_comp_cntr(c) == 0);
+  CHECK(compcntr_close_device(d) == 0);
 }
 
 TEST_CASE("shared counters: a creator's death ends a forever-wait with EIO; values stay exact") {
