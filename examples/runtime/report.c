@@ -84,6 +84,18 @@ void rt_live_tick(struct rt *rt, int force)
 	}
 }
 
+/* The provider's own count once it has caught up with compcntr's. fi_cntr(3) lets a counter
+ * show a completion later than the CQ entry (or compcntr's count) that reported it: through the
+ * compcntr hook with its progress thread, fi_cntr_read is a load of what the thread last
+ * pulled, up to a round late. So wait (at most 1 s) for the value compcntr counted, then read:
+ * a provider that counted less still reads less after the wait, one that counted more at once,
+ * and the check below stays exact. */
+static uint64_t read_provider(struct fid_cntr *c, uint64_t expect)
+{
+	(void)fi_cntr_wait(c, expect, 1000); /* -FI_ETIMEDOUT / -FI_EAVAIL: the read says it */
+	return fi_cntr_read(c);
+}
+
 /* ---- the end ---------------------------------------------------------------------------- */
 
 int rt_finish(struct rt *rt, struct rt_stats *st)
@@ -120,9 +132,9 @@ int rt_finish(struct rt *rt, struct rt_stats *st)
 	rt->st.cc_recvs = read_cc(rt->cc_recvs);
 	rt->st.cc_errors =
 	        read_cc_err(rt->cc_sends) + read_cc_err(rt->cc_writes) + read_cc_err(rt->cc_recvs);
-	rt->st.pv_sends = fi_cntr_read(rt->pv_send);
-	rt->st.pv_recvs = fi_cntr_read(rt->pv_recv);
-	rt->st.pv_writes = fi_cntr_read(rt->pv_write);
+	rt->st.pv_sends = read_provider(rt->pv_send, rt->st.cc_sends);
+	rt->st.pv_recvs = read_provider(rt->pv_recv, rt->st.cc_recvs);
+	rt->st.pv_writes = read_provider(rt->pv_write, rt->st.cc_writes);
 	rt->st.pv_errors = fi_cntr_readerr(rt->pv_send) + fi_cntr_readerr(rt->pv_recv) +
 	                   fi_cntr_readerr(rt->pv_write);
 	rt->st.tx_errors = read_cc_err(rt->cc_sends) + read_cc_err(rt->cc_writes);

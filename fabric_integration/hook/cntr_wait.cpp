@@ -24,7 +24,7 @@ void progress_both(void* ctx) noexcept {
   if (h->hidden) {
     h->m.pull_comp();
     h->m.pull_err();
-    note_caller_pull(h);
+    note_waiter_pull(h);
     pulled = h;
   }
   layer_progress(pulled);
@@ -82,7 +82,7 @@ int wait_on_fds(hook_cntr* h, std::uint64_t threshold, int timeout) noexcept {
   // ends costs one provider read, not two.
   auto check = [&]() noexcept -> int {
     h->m.pull_comp();
-    note_caller_pull(h);
+    note_waiter_pull(h);
     layer_progress(h);
     if (h->value() >= threshold) return 0;
     h->m.pull_err();

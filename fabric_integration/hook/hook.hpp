@@ -214,6 +214,8 @@ void pull_polled() noexcept;
 /// How many pulls application threads made on progress-thread counters (the thread backs off
 /// while it grows).
 std::uint64_t caller_pulls() noexcept;
+std::uint64_t waiter_pulls() noexcept; // waits and fi_poll only
+void set_thread_backed_off(bool on) noexcept;
 /// Pulls the provider's counter into the compcntr counter now (caller progress), as
 /// fi_cntr_read does, without counting a read -- unless the counter is bound to an endpoint that
 /// is not enabled yet (or a bind of it was refused): as the progress thread, it leaves such a

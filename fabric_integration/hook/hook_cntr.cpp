@@ -59,14 +59,15 @@ thread_local const hook_cntr* t_drive_pulled = nullptr;
 
 void hook_cntr::drive(hook_cntr& h, bool err) noexcept {
   const std::uint64_t n = bump(err ? h.readerrs : h.reads);
-  if (h.hidden && (!by_thread(&h) || n % k_reader_pull_every == 0)) {
+  const bool counted = !by_thread(&h) || n % k_reader_pull_every == 0;
+  if (h.hidden && (counted || g_thread_backed_off.load(std::memory_order_relaxed))) {
     if (err) {
       h.m.pull_err();
     } else {
       h.m.pull_comp();
       t_drive_pulled = &h;
     }
-    note_caller_pull(&h);
+    if (counted) note_caller_pull(&h);
   }
 }
 // The layer's round need not drive the provider again for the counter just read: on
@@ -277,6 +278,10 @@ void polled_add(hook_cntr* c, int delta) noexcept {
 }
 
 std::uint64_t caller_pulls() noexcept { return g_caller_pulls.load(std::memory_order_relaxed); }
+std::uint64_t waiter_pulls() noexcept { return g_waiter_pulls.load(std::memory_order_relaxed); }
+void set_thread_backed_off(bool on) noexcept {
+  g_thread_backed_off.store(on, std::memory_order_relaxed);
+}
 
 int cntr_open(fid_domain* domain, fi_cntr_attr* attr, fid_cntr** cntr, void* context) noexcept {
   static const int registered =
@@ -436,7 +441,7 @@ void pull_polled() noexcept {
     if (by_thread(h) && h->hidden && h->polled.load(std::memory_order_relaxed) > 0) {
       h->m.pull_comp();
       h->m.pull_err();
-      note_caller_pull(h);
+      note_waiter_pull(h);
     }
 }
 

@@ -102,11 +102,25 @@ inline std::uint64_t bump(std::atomic<std::uint64_t>& a) noexcept {
 constexpr std::uint64_t k_reader_pull_every = 256;
 
 // Pulls made by application threads of thread-mode counters (spinning readers, waiters, fi_poll).
-// The progress thread backs off while this moves (caller_pulls()): the application is driving
-// progress itself, and a busy thread beside it only takes the CPU and the endpoint locks.
+// The progress thread sleeps between rounds while this moves (caller_pulls()): the application
+// is driving progress itself, and a busy thread beside it only takes the CPU and the endpoint
+// locks. Waiters and fi_poll also move g_waiter_pulls (waiter_pulls()), and while that moves the
+// thread backs off further (progress.cpp) and says so in g_thread_backed_off: a fi_cntr_read
+// then pulls as with caller progress (without counting as a pull: the reads alone do not keep
+// the thread backed off), so a read after the application's last wait is never the backed-off
+// thread's sleep late (the runtime's reference read of each counter at its end, suite
+// runtime_tsan on shm).
 inline std::atomic<std::uint64_t> g_caller_pulls{0};
+inline std::atomic<std::uint64_t> g_waiter_pulls{0};
+inline std::atomic<bool> g_thread_backed_off{false};
 inline void note_caller_pull(const hook_cntr* h) noexcept {
   if (h->thread) g_caller_pulls.fetch_add(1, std::memory_order_relaxed);
+}
+inline void note_waiter_pull(const hook_cntr* h) noexcept {
+  if (h->thread) {
+    g_caller_pulls.fetch_add(1, std::memory_order_relaxed);
+    g_waiter_pulls.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 // ofi_compcntr's deferred work (layer_ops::progress) after the counter calls; the hook has none.

@@ -8,10 +8,11 @@
 // wake-up per millisecond, and the first completion after idling is seen up to that late.
 // While application threads drive progress themselves (waiters, spinning readers, fi_poll:
 // caller_pulls() moves) the thread also sleeps between rounds: on a machine with few CPUs a busy
-// thread beside a driving application only delays it (a scheduling round per message). Those
-// sleeps double while the callers keep driving, from COMPCNTR_FI_PROGRESS_IDLE_US up to
-// k_backoff_max times it (32 ms by default), and fall back to the idle sleep at the first round
-// after which no caller pulled: even a thread that only wakes up every millisecond and does
+// thread beside a driving application only delays it (a scheduling round per message). While
+// waiters and fi_poll keep driving, those sleeps double, from COMPCNTR_FI_PROGRESS_IDLE_US up to
+// k_backoff_max times it (32 ms by default; fi_cntr_read then pulls as with caller progress, so
+// no read is that late), and fall back to the idle sleep at the first round after which no
+// waiter pulled (spinning readers alone keep the idle sleep): even a thread that only wakes up every millisecond and does
 // nothing cost SOS's streaming shmem_int_p + shmem_quiet 1.12x (14.3 -> 16.2 us, 2 CPUs, each PE
 // bound to one by mpiexec: the wake-ups preempt the PE on its core), its rounds nothing more
 // measurable. These sleeps end at once when the thread is stopped.
@@ -80,24 +81,38 @@ void run() noexcept {
   // below 10^9, or nanosleep fails with EINVAL at once and the thread never sleeps).
   const long idle_ns = static_cast<long>(cfg().progress_idle_us) * 1000;
   const timespec idle{idle_ns / 1'000'000'000, idle_ns % 1'000'000'000};
-  std::uint64_t callers = caller_pulls();
-  long backoff = 1; // the next sleep while callers drive, in idle sleeps
+  std::uint64_t callers = caller_pulls(), waiters = waiter_pulls();
+  long backoff = 1; // the next sleep while waiters drive, in idle sleeps
   while (!stop.load(std::memory_order_acquire)) {
     bool changed;
     {
       std::shared_lock lk(g_control);
       changed = progress_all();
     }
-    if (const std::uint64_t now = caller_pulls(); now != callers) {
-      callers = now; // the application drives progress itself: stay out of its way
-      if (backoff == 1)
+    const std::uint64_t now_callers = caller_pulls(), now_waiters = waiter_pulls();
+    if (now_waiters != waiters) {
+      // The application waits (or polls) and drives progress itself: stay out of its way,
+      // longer each round it goes on; meanwhile reads pull themselves (hook_cntr.hpp).
+      callers = now_callers;
+      waiters = now_waiters;
+      if (backoff == 1) {
         nanosleep(&idle, nullptr);
-      else
+      } else {
+        set_thread_backed_off(true);
         backoff_sleep(std::chrono::nanoseconds(idle_ns) * backoff);
+      }
       if (backoff < k_backoff_max) backoff *= 2;
       continue;
     }
-    backoff = 1;
+    if (backoff != 1) {
+      backoff = 1;
+      set_thread_backed_off(false);
+    }
+    if (now_callers != callers) { // spinning readers drive: one idle sleep between rounds
+      callers = now_callers;
+      nanosleep(&idle, nullptr);
+      continue;
+    }
     if (changed) {
       last_change = clock::now();
       continue;
