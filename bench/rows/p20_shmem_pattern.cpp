@@ -370,7 +370,7 @@ void run(bench::context& ctx) {
     return;
   }
   const int rounds = ctx.opt.smoke ? 1 : 3;
-  const int samples = ctx.opt.smoke ? 1 : 3;
+  const int samples = ctx.opt.smoke ? 2 : 3; // smoke: --smoke's 2 reps (bench_smoke)
   for (const line& l : lines) {
     const std::vector<config> cs = {config::plain, config::hook, config::thread};
     std::vector<std::string> names;
