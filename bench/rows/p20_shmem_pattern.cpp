@@ -11,10 +11,10 @@
 // holding the peer's target endpoint. A put of a scalar is fi_inject_write from the context
 // endpoint to the peer's target endpoint (SOS's put_scalar; -FI_EAGAIN is retried after an
 // fi_cq_read of the context CQ, as SOS drains its CQ), a larger put is fi_write (SOS's
-// put_large), and shmem_quiet is fi_cntr_wait(put counter, puts issued) (SOS's poll limit is 0:
-// nothing else). Nobody reads the target endpoint's CQ: with automatic progress rxm's own thread
-// lands the data. Three patterns, the client pinned to the first CPU, the server to the second
-// (mpiexec's binding of two PEs):
+// put_large), and shmem_quiet is fi_cntr_wait(put counter, puts issued, -1) (SOS's poll limit
+// is 0: nothing else; untimed, the probe's alarm() bounds a stall). Nobody reads the target
+// endpoint's CQ: with automatic progress rxm's own thread lands the data. Three patterns, the
+// client pinned to the first CPU, the server to the second (mpiexec's binding of two PEs):
 //   * put + quiet: shmem_int_p + shmem_quiet in a loop (SOS's shmem_latency_put_perf's
 //     "shmem_int_p" part: issue 23's 1.11x); the time per put. With a burst of 32 puts per quiet
 //     too (info): the time per put.
@@ -26,6 +26,8 @@
 // waiting in a barrier spins on memory), and the client's last put sets it. Each configuration
 // runs in fresh processes (hook_common.hpp): without the hook, with it (caller progress), with
 // its progress thread (=always: the probe pins; information only, docs/hook.md says why).
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -61,6 +63,7 @@ constexpr int k_burst = 32; // put + quiet, burst line: puts per quiet
 constexpr std::size_t k_data = 4096; // heap offset of the data area (flag words before it)
 constexpr std::size_t k_heap = k_data + k_big * k_window;
 constexpr std::uint64_t k_done = ~std::uint64_t{0}; // the server's flag word: stop
+constexpr unsigned ctx_alarm_s = 300; // a probe's whole life (about 1-3 s)
 
 struct side {
   fi_info* info = nullptr;
@@ -227,8 +230,10 @@ bool put_large(side& s, std::size_t off, std::size_t n) {
 }
 
 // shmem_quiet (poll limit 0): wait for the put counter to reach the puts issued.
+// Untimed, as SOS's: libfabric's util wait then reads no clock (a timed one reads it once per
+// call, ~0.1 us here, 1% of a put + quiet). The probe's alarm() bounds a stall instead.
 bool quiet(side& s) {
-  const int r = fi_cntr_wait(s.put, s.issued, 10'000);
+  const int r = fi_cntr_wait(s.put, s.issued, -1);
   return r == 0 || failed("fi_cntr_wait(put)", r);
 }
 
@@ -260,6 +265,9 @@ int probe(const std::vector<std::string>& args) {
   bench::fi_pair::process pp;
   if (const char* e = pp.start()) return std::printf("error=%s\n", e), 1;
   const bool client = pp.client;
+  // A stalled quiet (untimed) ends the probe, reported as failed by the row: never a hang. Both
+  // processes (an alarm is not inherited across fork).
+  alarm(ctx_alarm_s);
   int status = 0;
   {
     side s;
