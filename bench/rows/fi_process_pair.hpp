@@ -132,6 +132,19 @@ inline int report(bool both_ok, const std::string& why, const char* stalled,
   return 0;
 }
 
+/// The end of a probe's rounds, both sides: they say whether they are fine (neither closes while
+/// the other still needs it); the client prints its own lines (`client_lines()`), "n=" and
+/// report()'s; the status to pass to process::finish.
+template <class Lines>
+int end_rounds(const process& pp, bool ok, std::uint64_t n, const std::string& why,
+               const char* stalled, const std::vector<double>& samples, Lines client_lines) {
+  const bool both = pp.handshake(ok);
+  if (!pp.client) return ok ? 0 : 1;
+  client_lines();
+  std::printf("n=%llu\n", static_cast<unsigned long long>(n));
+  return report(both, why, stalled, samples);
+}
+
 #if COMPCNTR_BENCH_HAVE_FABRIC
 /// What the two sides exchange first: the endpoint's name (len 0: this side failed) and `Extra`
 /// (e.g. an RMA target).

@@ -171,14 +171,9 @@ int probe(const std::vector<std::string>& args) {
         },
         warm, iters, samples, 2.0 * static_cast<double>(iters), ok);
     // Both sides finish before either closes (a closed peer could stall the other's last reply).
-    const bool both = pp.handshake(ok);
-    if (client) {
-      std::printf("served=%d\n", compcntr_fi_cntr_comp_cntr(s.rx) != nullptr ? 1 : 0);
-      std::printf("n=%llu\n", static_cast<unsigned long long>(iters));
-      status = bench::fi_pair::report(both, why, "the ping-pong stalled or failed", out);
-    } else {
-      status = ok ? 0 : 1;
-    }
+    status = bench::fi_pair::end_rounds(
+        pp, ok, iters, why, "the ping-pong stalled or failed", out,
+        [&] { std::printf("served=%d\n", compcntr_fi_cntr_comp_cntr(s.rx) != nullptr ? 1 : 0); });
   }
   return pp.finish(status);
 }

@@ -288,16 +288,12 @@ int probe(const std::vector<std::string>& args) {
           return r;
         },
         warm, iters, samples, (m == mode::pingpong ? 2.0 : 1.0) * static_cast<double>(iters), ok);
-    const bool both = pp.handshake(ok); // neither closes while the other still needs it
-    if (client) {
-      const char* pn = s.info && s.info->fabric_attr ? s.info->fabric_attr->prov_name : "";
-      std::printf("layered=%d\n", std::strstr(pn, "ofi_compcntr") != nullptr ? 1 : 0);
-      std::printf("provider=%s\n", pn);
-      std::printf("n=%llu\n", static_cast<unsigned long long>(iters));
-      status = bench::fi_pair::report(both, why, "the rounds stalled or failed", out);
-    } else {
-      status = ok ? 0 : 1;
-    }
+    status =
+        bench::fi_pair::end_rounds(pp, ok, iters, why, "the rounds stalled or failed", out, [&] {
+          const char* pn = s.info && s.info->fabric_attr ? s.info->fabric_attr->prov_name : "";
+          std::printf("layered=%d\n", std::strstr(pn, "ofi_compcntr") != nullptr ? 1 : 0);
+          std::printf("provider=%s\n", pn);
+        });
   }
   return pp.finish(status);
 }

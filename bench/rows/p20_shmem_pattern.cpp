@@ -331,14 +331,9 @@ int probe(const std::vector<std::string>& args) {
       if (!ok && why.empty()) why = "the server saw no end";
     }
     if (why.empty()) why = g_err;
-    const bool both = pp.handshake(ok);
-    if (client) {
-      std::printf("served=%d\n", compcntr_fi_cntr_comp_cntr(s.put) != nullptr ? 1 : 0);
-      std::printf("n=%llu\n", static_cast<unsigned long long>(iters));
-      status = bench::fi_pair::report(both, why, "the pattern stalled or failed", out);
-    } else {
-      status = ok ? 0 : 1;
-    }
+    status = bench::fi_pair::end_rounds(
+        pp, ok, iters, why, "the pattern stalled or failed", out,
+        [&] { std::printf("served=%d\n", compcntr_fi_cntr_comp_cntr(s.put) != nullptr ? 1 : 0); });
   }
   return pp.finish(status);
 }
