@@ -75,59 +75,53 @@ ssize_t rma_writemsg(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) {
   trigger_swap s(msg ? msg->context : nullptr, flags);
   return orig_of(ep->rma)->writemsg(ep, msg, flags);
 }
-// ofi_compcntr's FI_RMA_EVENT emulation (../ofi/ep.cpp): the plain writes of an endpoint
-// where it emulates the events carry remote CQ data that the target counts.
+// ofi_compcntr's FI_RMA_EVENT emulation (../ofi/ep.cpp, ../ofi/rma_event.cpp): the plain
+// writes of an endpoint where it emulates the events carry remote CQ data that the target
+// counts, and its reads are followed to their completion. Each plain call goes to the layer as
+// one fi_msg_rma over its iovecs; flags ~0: the endpoint's default flags.
+ssize_t layer_rma(const layer_ops* l, fid_ep* ep, const iovec* iov, void** desc, size_t count,
+                  fi_addr_t peer, std::uint64_t addr, std::uint64_t key, void* context,
+                  std::uint64_t flags, bool write) {
+  std::uint64_t len = 0;
+  for (size_t i = 0; i < count; ++i) len += iov[i].iov_len;
+  fi_rma_iov riov{addr, len, key};
+  fi_msg_rma m{iov, desc, count, peer, &riov, 1, context, 0};
+  return l->rmamsg(ep, &m, flags, write);
+}
 ssize_t rma_write(fid_ep* ep, const void* buf, size_t len, void* desc, fi_addr_t dest,
                   std::uint64_t addr, std::uint64_t key, void* context) {
   if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep)) {
     iovec iov{const_cast<void*>(buf), len};
-    fi_rma_iov riov{addr, len, key};
-    fi_msg_rma m{&iov, &desc, 1, dest, &riov, 1, context, 0};
-    return l->rmamsg(ep, &m, ~std::uint64_t{0}, true); // ~0: the endpoint's default flags
+    return layer_rma(l, ep, &iov, &desc, 1, dest, addr, key, context, ~std::uint64_t{0}, true);
   }
   return orig_of(ep->rma)->write(ep, buf, len, desc, dest, addr, key, context);
 }
 ssize_t rma_writev(fid_ep* ep, const iovec* iov, void** desc, size_t count, fi_addr_t dest,
                    std::uint64_t addr, std::uint64_t key, void* context) {
-  if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep)) {
-    std::uint64_t len = 0;
-    for (size_t i = 0; i < count; ++i) len += iov[i].iov_len;
-    fi_rma_iov riov{addr, len, key};
-    fi_msg_rma m{iov, desc, count, dest, &riov, 1, context, 0};
-    return l->rmamsg(ep, &m, ~std::uint64_t{0}, true);
-  }
+  if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep))
+    return layer_rma(l, ep, iov, desc, count, dest, addr, key, context, ~std::uint64_t{0}, true);
   return orig_of(ep->rma)->writev(ep, iov, desc, count, dest, addr, key, context);
 }
 ssize_t rma_inject_write(fid_ep* ep, const void* buf, size_t len, fi_addr_t dest,
                          std::uint64_t addr, std::uint64_t key) {
   if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep)) {
     iovec iov{const_cast<void*>(buf), len};
-    fi_rma_iov riov{addr, len, key};
-    fi_msg_rma m{&iov, nullptr, 1, dest, &riov, 1, nullptr, 0};
-    return l->rmamsg(ep, &m, FI_INJECT, true);
+    return layer_rma(l, ep, &iov, nullptr, 1, dest, addr, key, nullptr, FI_INJECT, true);
   }
   return orig_of(ep->rma)->inject(ep, buf, len, dest, addr, key);
 }
-// ... and its reads, which the layer follows to their completion (ofi/rma_event.cpp).
 ssize_t rma_read(fid_ep* ep, void* buf, size_t len, void* desc, fi_addr_t src, std::uint64_t addr,
                  std::uint64_t key, void* context) {
   if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep)) {
     iovec iov{buf, len};
-    fi_rma_iov riov{addr, len, key};
-    fi_msg_rma m{&iov, &desc, 1, src, &riov, 1, context, 0};
-    return l->rmamsg(ep, &m, ~std::uint64_t{0}, false); // ~0: the endpoint's default flags
+    return layer_rma(l, ep, &iov, &desc, 1, src, addr, key, context, ~std::uint64_t{0}, false);
   }
   return orig_of(ep->rma)->read(ep, buf, len, desc, src, addr, key, context);
 }
 ssize_t rma_readv(fid_ep* ep, const iovec* iov, void** desc, size_t count, fi_addr_t src,
                   std::uint64_t addr, std::uint64_t key, void* context) {
-  if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep)) {
-    std::uint64_t len = 0;
-    for (size_t i = 0; i < count; ++i) len += iov[i].iov_len;
-    fi_rma_iov riov{addr, len, key};
-    fi_msg_rma m{iov, desc, count, src, &riov, 1, context, 0};
-    return l->rmamsg(ep, &m, ~std::uint64_t{0}, false);
-  }
+  if (const layer_ops* l = layer(); l && l->emulates_rma_event(ep))
+    return layer_rma(l, ep, iov, desc, count, src, addr, key, context, ~std::uint64_t{0}, false);
   return orig_of(ep->rma)->readv(ep, iov, desc, count, src, addr, key, context);
 }
 void fill_rma(fi_ops_rma& t, std::size_t size) {
