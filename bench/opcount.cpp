@@ -77,6 +77,18 @@ __attribute__((noinline)) void opcount_striped_read(const compcntr::counter& c, 
   for (std::uint64_t i = 0; i < n; ++i) bench::keep(c.value());
 }
 /// One create + destroy at a time (the pool's hot path, P7's "one at a time").
+/// P18's operations on a shared counter (device "shm:..."): an add (the stripe, the RMW, the
+/// segment's sleeper word), and a spin wait whose threshold is already reached (the call's entry
+/// and exit: what a ping-pong side adds around its poll).
+__attribute__((noinline)) void opcount_shared_add(compcntr::counter& c, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) c.add(1);
+}
+__attribute__((noinline)) void opcount_shared_wait_satisfied(const compcntr::counter& c,
+                                                             std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i)
+    bench::keep(static_cast<std::uint64_t>(compcntr::wait(
+        c, 1, std::chrono::milliseconds(2000), {.spin = compcntr::spin_forever})));
+}
 __attribute__((noinline)) void opcount_create_destroy_one(compcntr::device& dev, std::uint64_t n) {
   std::error_code ec;
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -113,6 +125,10 @@ __attribute__((noinline)) void opcount_c_create_destroy(compcntr_device* dev,
 __attribute__((noinline)) void opcount_wait_poll(const compcntr::counter& c) {
   bench::keep(static_cast<std::uint64_t>(
       compcntr::wait(c, 1, compcntr::wait_forever, {.spin = compcntr::spin_forever})));
+}
+__attribute__((noinline)) void opcount_shared_wait_poll(const compcntr::counter& c) {
+  bench::keep(static_cast<std::uint64_t>(
+      compcntr::wait(c, 1, std::chrono::milliseconds(2000), {.spin = compcntr::spin_forever})));
 }
 __attribute__((noinline)) void opcount_wait_poll_timeout(const compcntr::counter& c) {
   bench::keep(static_cast<std::uint64_t>(
@@ -191,7 +207,8 @@ int main(int argc, char** argv) {
   const char* ops = "read raw_load add raw_add create_destroy create_destroy_one freelist_one "
                     "freelist_all c_read c_read_err c_inc c_inc_err c_wait_satisfied c_raw_load "
                     "c_raw_fetch_add c_create_destroy wait_poll wait_poll_timeout raw_poll "
-                    "raw_poll_timeout striped_add striped_read sleep atomic_sleep futex_sleep";
+                    "raw_poll_timeout striped_add striped_read sleep atomic_sleep futex_sleep "
+                    "shared_add shared_wait_satisfied shared_wait_poll";
   if (argc != 3) {
     std::fprintf(stderr, "usage: compcntr_opcount OP N   (OP: %s)\n", ops);
     return 2;
@@ -246,6 +263,21 @@ int main(int argc, char** argv) {
       opcount_striped_add(sc, n);
     else
       opcount_striped_read(sc, n);
+  } else if (op == "shared_add" || op == "shared_wait_satisfied" || op == "shared_wait_poll") {
+    const std::string name = "opcount-" + std::to_string(::getpid());
+    auto sdev = compcntr::device::open_shared(name, compcntr::shared_create, 0600, ec);
+    auto sc = sdev ? sdev.create_counter(compcntr::counter_type::wrs, ec) : compcntr::counter{};
+    if (ec)
+      return std::fprintf(stderr, "shared: %s\n", compcntr::last_error_message().data()), 1;
+    if (op == "shared_add") {
+      opcount_shared_add(sc, n);
+    } else if (op == "shared_wait_satisfied") {
+      sc.add(1);
+      opcount_shared_wait_satisfied(sc, n);
+    } else {
+      poll_until_set([&] { opcount_shared_wait_poll(sc); }, [&] { sc.add(1); },
+                     static_cast<int>(n));
+    }
   } else if (op == "create_destroy_one") {
     opcount_create_destroy_one(dev, n);
   } else if (op == "freelist_one" || op == "freelist_all") {

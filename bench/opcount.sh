@@ -24,7 +24,7 @@ declare -A fn=([c_read]=p11_c_read [c_read_err]=p11_c_read_err [c_inc]=p11_c_inc
                [c_inc_err]=p11_c_inc_err [c_wait_satisfied]=p11_c_wait_satisfied
                [c_raw_load]=p11_c_raw_load [c_raw_fetch_add]=p11_c_raw_fetch_add)
 for op in raw_load read c_raw_load c_read c_read_err raw_add add add_armed_ahead trigger_fire c_raw_fetch_add c_inc c_inc_err \
-          c_wait_satisfied striped_add striped_read create_destroy create_destroy_one c_create_destroy \
+          c_wait_satisfied striped_add striped_read shared_add shared_wait_satisfied create_destroy create_destroy_one c_create_destroy \
           freelist_one freelist_all; do
   f=${fn[$op]:-opcount_$op}
   ir=$(valgrind --tool=callgrind --toggle-collect="$f" --callgrind-out-file=/dev/null \
@@ -47,7 +47,7 @@ done
 printf '%-20s %14s %12s\n' 'poll loop' instructions 'per iteration'
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
-for op in raw_poll wait_poll raw_poll_timeout wait_poll_timeout; do
+for op in raw_poll wait_poll raw_poll_timeout wait_poll_timeout shared_wait_poll; do
   valgrind --tool=callgrind --toggle-collect="opcount_$op" --dump-instr=yes --compress-pos=no \
     --callgrind-out-file="$tmp" "$exe" "$op" 200 >/dev/null 2>&1
   read -r total iters per < <(python3 bench/opcount_iter.py "$tmp")

@@ -69,7 +69,7 @@ void raw_spin_until(std::atomic<std::uint64_t>& a, std::uint64_t i) noexcept {
   while (a.load(std::memory_order_acquire) < i) compcntr::cpu_relax();
 }
 
-enum class kind { cc_spin, raw_spin, cc_sleep, raw_sleep, cc_default };
+enum class kind { cc_spin, raw_spin, cc_sleep, raw_sleep, cc_default, cc_value_spin };
 
 struct shared_state {
   std::string name;
@@ -82,7 +82,8 @@ struct shared_state {
 double sample(const bench::context& ctx, shared_state& st, kind k, std::uint64_t n) {
   raw_shared& r = *st.raw;
   r.ready.store(0);
-  const bool cc = k == kind::cc_spin || k == kind::cc_sleep || k == kind::cc_default;
+  const bool cc = k == kind::cc_spin || k == kind::cc_sleep || k == kind::cc_default ||
+                  k == kind::cc_value_spin;
   if (cc) {
     st.ping.set(0);
     st.pong.set(0);
@@ -104,7 +105,11 @@ double sample(const bench::context& ctx, shared_state& st, kind k, std::uint64_t
       if (ec) ::_exit(2);
       r.ready.store(1);
       for (std::uint64_t i = 1; i <= n; ++i) {
-        if (compcntr::wait(ping, i, 2000ms, opts) != std::errc{}) ::_exit(3);
+        if (k == kind::cc_value_spin) {
+          while (ping.value() < i) compcntr::cpu_relax();
+        } else if (compcntr::wait(ping, i, 2000ms, opts) != std::errc{}) {
+          ::_exit(3);
+        }
         pong.add(1);
       }
       ::_exit(0);
@@ -133,6 +138,10 @@ double sample(const bench::context& ctx, shared_state& st, kind k, std::uint64_t
         st.ping.add(1);
         if (compcntr::wait(st.pong, i, 2000ms, opts) != std::errc{}) i = n;  // child gone
         break;
+      case kind::cc_value_spin:
+        st.ping.add(1);
+        while (st.pong.value() < i) compcntr::cpu_relax();
+        break;
       case kind::raw_spin:
         r.ping.fetch_add(1);
         raw_spin_until(r.pong, i);
@@ -155,7 +164,8 @@ void run(bench::context& ctx) {
   const char* names[] = {
       "shared counters, compcntr::wait spin_forever", "raw process-shared atomics, spin",
       "shared counters, compcntr::wait .spin = 0ns", "raw shared FUTEX_WAIT/FUTEX_WAKE",
-      "shared counters, compcntr::wait default options (spin 5 us, then sleep)"};
+      "shared counters, compcntr::wait default options (spin 5 us, then sleep)",
+      "shared counters, add() + a value() spin loop"};
   shared_state st;
   st.name = "p18-" + std::to_string(::getpid());
   std::error_code ec;
@@ -171,7 +181,7 @@ void run(bench::context& ctx) {
                         : MAP_FAILED;
   if (why.empty() && m == MAP_FAILED) why = "mmap of the shared raw words failed";
   if (m != MAP_FAILED) st.raw = new (m) raw_shared;
-  for (int k = 0; k < 5; ++k) {
+  for (int k = 0; k < 6; ++k) {
     if (!why.empty()) {
       vs.push_back(bench::unavailable_variant(names[k], why));
       continue;
@@ -187,6 +197,10 @@ void run(bench::context& ctx) {
   ctx.add(bench::compare(
       "P18", "cross-process spin ping-pong: shared counters vs raw shared atomics", r[0], r[1],
       bench::goal::ratio_at_most, 1.15, "two processes, one CPU each; round trip"));
+  ctx.add(bench::compare("P18",
+                         "cross-process spin ping-pong: shared counters, add() + value() loop vs "
+                         "raw shared atomics",
+                         r[5], r[1]));
   ctx.add(bench::compare("P18",
                          "cross-process sleeping ping-pong: shared counters vs raw shared futex",
                          r[2], r[3], bench::goal::ratio_at_most, 1.05,

@@ -256,6 +256,68 @@ TEST_CASE("striped: waits return as on a plain counter: spinning, asleep (woken)
   }
 }
 
+// A 2-stripe counter (every striped counter on a 2-CPU node, and every shared counter) has a hot
+// poll of its own that reads both stripes (src/core/wait/wait.cpp, two_stripes): a spinning
+// waiter must see an add on either stripe (the adding thread moves between the first two
+// allowed CPUs, so both stripes are written), and an error change on either.
+TEST_CASE("striped: a 2-stripe counter's spinning waiter sees adds and errors on both stripes") {
+  auto dev = open_soft();
+  auto c = make_striped(dev, 2);
+  REQUIRE(c.stripes() == 2);
+  const compcntr::wait_options spin{.spin = compcntr::spin_forever};
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  std::vector<int> cpus;
+  for (int i = 0; i < CPU_SETSIZE && cpus.size() < 2; ++i)
+    if (CPU_ISSET(i, &allowed)) cpus.push_back(i);
+  auto pin = [&](std::size_t k) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[k % cpus.size()], &one);
+    REQUIRE(::pthread_setaffinity_np(::pthread_self(), sizeof one, &one) == 0);
+  };
+  for (std::uint64_t round = 0; round < 400; ++round) {
+    const std::uint64_t goal = c.value() + 1;
+    std::atomic<bool> started{false};
+    std::errc got = std::errc::invalid_argument;
+    std::thread w([&] {
+      started.store(true);
+      got = compcntr::wait(c, goal, 20s, spin);
+    });
+    while (!started.load()) std::this_thread::yield();
+    std::thread adder([&] {
+      pin(round);
+      if (round % 2 == 0) c.add(1);
+      else c.add(2);
+    });
+    adder.join();
+    w.join();
+    REQUIRE(got == std::errc{});
+  }
+  CHECK(c.value() == 600);  // 200 x 1 + 200 x 2: nothing lost on either stripe
+  for (std::size_t k = 0; k < 2; ++k) {
+    std::atomic<bool> started{false};
+    std::errc got{};
+    std::thread w([&] {
+      started.store(true);
+      got = compcntr::wait(c, UINT64_MAX, 20s, spin);
+    });
+    while (!started.load()) std::this_thread::yield();
+    std::thread adder([&] {
+      pin(k);
+      c.add_error(1);
+    });
+    adder.join();
+    w.join();
+    CHECK(got == std::errc::io_error);
+  }
+  CHECK(c.errors() == 2);
+  CHECK(c.value() == 600);
+  // A stale error count is seen at the first check, before any poll.
+  CHECK(compcntr::wait_since(c, UINT64_MAX, 0, 20s, spin) == std::errc::io_error);
+}
+
 TEST_CASE("striped: poll_any and the pollable fd see striped updates") {
   auto dev = open_soft();
   auto plain = test_support::make_counter(dev);

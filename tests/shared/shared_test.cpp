@@ -797,6 +797,33 @@ TEST_CASE("shared counters: a creator's death ends a forever-wait with EIO; valu
   CHECK(compcntr_close_device(d) == 0);
 }
 
+// A spin-only waiter (never sleeps, so it never sweeps) polls in blocks over the counter's two
+// halves and looks at the cell's "creator died" state once per block: when another wait's sweep
+// marks the creator dead, the spinner ends with EIO too (without that look it would spin for ever).
+TEST_CASE("shared counters: a spin-only forever-wait ends with EIO once the creator is found dead") {
+  seg_name n("spindeath");
+  compcntr_device* d = open_or_fail(n);
+  const auto [pid, r, id] = spawn_paused_creator(n, d, 3);
+  std::atomic<bool> started{false};
+  int spun = -1;
+  std::thread spinner([&, r = r] {
+    compcntr_wait_attr a{};
+    a.comp_mask = COMPCNTR_WAIT_ATTR_SPIN;
+    a.spin_ns = COMPCNTR_WAIT_SPIN_FOREVER;
+    started.store(true);
+    spun = compcntr_wait_comp_cntr_ex(r, 4, -1, &a);
+  });
+  while (!started.load()) std::this_thread::yield();
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  CHECK(reap(pid) == 1000 + SIGKILL);
+  CHECK(compcntr_wait_comp_cntr(r, 4, -1) == EIO);  // sleeps, sweeps, finds the creator dead
+  spinner.join();
+  CHECK(spun == EIO);
+  CHECK(value(r) == 3);
+  CHECK(compcntr_comp_cntr_release(r) == 0);
+  CHECK(compcntr_close_device(d) == 0);
+}
+
 TEST_CASE("shared counters: a child SIGKILLed at random points, 200 runs, invariants after each") {
   seg_name n("kill");
   compcntr_device* d = open_or_fail(n);

@@ -19,42 +19,77 @@ namespace compcntr::detail {
 namespace {
 
 // One block of clock_stride hot polls of a counter whose checks need nothing but loads: `pause`,
-// then test()'s two seq_cst loads (value first, so a reached threshold wins over an error) and
+// then test()'s two seq_cst reads (value first, so a reached threshold wins over an error) and
 // compares. The one hot poll loop: the spin waiter's fast entry and the engine's poll(n) both run
-// it. Plain (base 0, full mask: the common threshold) compares without the subtraction. Unrolled
-// by a fold over the poll index (a `#pragma unroll` loop in an inlined function was not: +1.3
-// instructions per poll, bench/opcount.sh wait_poll), the bounds in registers across the block.
-template <bool Plain, std::size_t... K>
-[[gnu::always_inline]] inline outcome hot_block_of(const std::atomic<std::uint64_t>& value,
-                                                   const std::atomic<std::uint64_t>& errors,
-                                                   std::uint64_t base, std::uint64_t mask,
+// it. `Words` reads the counter: one word each (a plain counter) or the sum of two stripes (a
+// 2-stripe counter: striped on a 2-CPU node, and every shared counter). Plain (base 0, full
+// mask: the common threshold) compares without the subtraction. Unrolled by a fold over the poll
+// index (a `#pragma unroll` loop in an inlined function was not: +1.3 instructions per poll,
+// bench/opcount.sh wait_poll), the bounds in registers across the block.
+//
+// The words and bounds by value, the poll an always-inlined lambda (a GNU attribute after its
+// parameter list; `[[gnu::always_inline]]` there is clang's attribute of the closure type,
+// ignored with a warning, and left the 2-stripe block reloading its words from the stack after
+// every seq_cst load): the block keeps them in registers, 7 instructions per poll of a plain
+// counter.
+template <bool Plain, class Words, std::size_t... K>
+[[gnu::always_inline]] inline outcome hot_block_of(Words w, std::uint64_t base, std::uint64_t mask,
                                                    std::uint64_t goal, std::uint64_t err0,
                                                    std::index_sequence<K...>) noexcept {
   outcome r = pending;
-  auto once = [&]() noexcept [[gnu::always_inline]] {
+  auto once = [&]() __attribute__((always_inline)) noexcept {
     cpu_relax();
-    const std::uint64_t v = value.load(std::memory_order_seq_cst);
+    const std::uint64_t v = w.value();
     if ((Plain ? v : (v - base) & mask) >= goal) [[unlikely]] {
       r = {true, std::errc{}, 0};
       return true;
     }
-    if (errors.load(std::memory_order_seq_cst) != err0) [[unlikely]] {
+    if (w.errors() != err0) [[unlikely]] {
       r = {true, std::errc::io_error, 0};
       return true;
     }
     return false;
   };
-  ((static_cast<void>(K), once()) || ...);
+  static_cast<void>(((static_cast<void>(K), once()) || ...));
   return r;
 }
 
-template <bool Plain>
-[[gnu::always_inline]] inline outcome hot_block(const std::atomic<std::uint64_t>& value,
-                                                const std::atomic<std::uint64_t>& errors,
-                                                std::uint64_t base, std::uint64_t mask,
-                                                std::uint64_t goal, std::uint64_t err0) noexcept {
-  return hot_block_of<Plain>(value, errors, base, mask, goal, err0,
-                             std::make_index_sequence<clock_stride>{});
+// The counter's words as a hot block reads them (seq_cst loads, as slot::value_seq_cst).
+struct one_word {
+  const std::atomic<std::uint64_t>* v;
+  const std::atomic<std::uint64_t>* e;
+  [[gnu::always_inline]] inline std::uint64_t value() const noexcept {
+    return v->load(std::memory_order_seq_cst);
+  }
+  [[gnu::always_inline]] inline std::uint64_t errors() const noexcept {
+    return e->load(std::memory_order_seq_cst);
+  }
+};
+struct two_stripes {
+  const stripe* st;
+  [[gnu::always_inline]] inline std::uint64_t value() const noexcept {
+    return st[0].value.load(std::memory_order_seq_cst) +
+           st[1].value.load(std::memory_order_seq_cst);
+  }
+  [[gnu::always_inline]] inline std::uint64_t errors() const noexcept {
+    return st[0].errors.load(std::memory_order_seq_cst) +
+           st[1].errors.load(std::memory_order_seq_cst);
+  }
+};
+
+template <bool Plain, class Words>
+[[gnu::always_inline]] inline outcome hot_block(Words w, std::uint64_t base,
+                                                std::uint64_t mask, std::uint64_t goal,
+                                                std::uint64_t err0) noexcept {
+  return hot_block_of<Plain>(w, base, mask, goal, err0, std::make_index_sequence<clock_stride>{});
+}
+
+// The stripes of a 2-stripe counter whose updates all go to them (striped_counter_ops and
+// shared_counter_ops: no refresh, nothing native), or nullptr: such a counter's hot poll reads
+// the two stripes' lines and nothing else.
+inline const stripe* hot_two_stripes(const slot& s) noexcept {
+  if ((s.stripes & two_stripes_tag) == 0 || s.hw->refresh != nullptr) return nullptr;
+  return s.stripe_array();
 }
 
 // A waiter on a shared counter (compcntr:shared): test(), and EIO once the counter's creator
@@ -112,9 +147,21 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
       base == 0 && mask == ~std::uint64_t{0} && s.dev->progress_sources().empty()) [[likely]] {
     if (s.value.load(std::memory_order_seq_cst) >= need) return std::errc{};
     if (s.errors.load(std::memory_order_seq_cst) != err0) return std::errc::io_error;
-    if (const outcome r = hot_block<true>(s.value, s.errors, 0, ~std::uint64_t{0}, need, err0);
+    if (const outcome r =
+            hot_block<true>(one_word{&s.value, &s.errors}, 0, ~std::uint64_t{0}, need, err0);
         r.done)
       return r.ec;
+  }
+  // The same for a 2-stripe counter (P18: every shared counter is one): a spin waiter's first
+  // block reads the two stripes at once. A shared counter's "creator died" check (EIO) is for a
+  // wait that is not done: the engine makes it.
+  const stripe* const two = s.hw != nullptr ? hot_two_stripes(s) : nullptr;
+  if (two != nullptr && o.spin > nanoseconds::zero() && timeout_ms != 0 && o.drive == nullptr &&
+      s.dev->progress_sources().empty()) {
+    const two_stripes w{two};
+    if (((w.value() - base) & mask) >= need) return std::errc{};
+    if (w.errors() != err0) return std::errc::io_error;
+    if (const outcome r = hot_block<false>(w, base, mask, need, err0); r.done) return r.ec;
   }
 
   auto test = [&]() noexcept -> outcome {
@@ -142,12 +189,20 @@ std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
   // something to drive is looked at again for every block of polls (a device may gain progress
   // sources while a waiter spins), one relaxed load per block.
   auto poll = [&](unsigned n) noexcept -> outcome {
-    if (o.drive != nullptr || refresh != nullptr || s.striped() ||
-        !dev.progress_sources().empty() || n != clock_stride) [[unlikely]]
+    if (o.drive != nullptr || refresh != nullptr || !dev.progress_sources().empty() ||
+        n != clock_stride) [[unlikely]]
       return poll_with(check, n);
+    if (s.striped()) [[unlikely]] {
+      // A 2-stripe counter (every shared one): a block of hot polls over its two stripes, then
+      // the shared counter's EIO check once per block instead of after every poll.
+      if (two == nullptr) return poll_with(check, n);
+      const outcome r = hot_block<false>(two_stripes{two}, base, mask, need, err0);
+      if (!r.done && shared && shared_creator_died(s)) return {true, std::errc::io_error, 0};
+      return r;
+    }
     if (base == 0 && mask == ~std::uint64_t{0})
-      return hot_block<true>(s.value, s.errors, 0, mask, need, err0);
-    return hot_block<false>(s.value, s.errors, base, mask, need, err0);
+      return hot_block<true>(one_word{&s.value, &s.errors}, 0, mask, need, err0);
+    return hot_block<false>(one_word{&s.value, &s.errors}, base, mask, need, err0);
   };
   auto sleep = [&](nanoseconds rel, nanoseconds slice) noexcept -> outcome {
     if (shared) [[unlikely]]
