@@ -373,6 +373,7 @@ int cq_close(fid* f) {
     return r;
   }
   std::lock_guard lk(mu());
+  rma_cq_closed(cq); // no entry of a followed read can come any more
   cqs().erase(s);
   delete s;
   delete t;

@@ -181,6 +181,9 @@ void rma_post_due() noexcept;
 /// An endpoint's records of the emulation (ep.cpp): opened, bound to an AV, closing.
 void rma_ep_opened(ep_st* e, const fi_info* info) noexcept;
 void rma_ep_closing(ep_st* e) noexcept;
+/// CQ `cq` closed (cq.cpp, after the provider's close): the followed reads that were to
+/// complete there and whose entry never came (their endpoint closed first) are freed.
+void rma_cq_closed(fid_cq* cq) noexcept;
 /// layer_ops::mr_opened / mr_closing / mr_bind; counter close (forgets its MR bindings).
 void rma_mr_opened(fid_domain* d, fid_mr* mr);
 void rma_mr_closing(fid_mr* mr);

@@ -39,9 +39,13 @@ namespace {
 
 using compcntr_hook::orig_of;
 
-// A read the layer follows, then its notification.
+// A read the layer follows, then its notification. Owned by the set it is in (reads(), due(),
+// sent()) and freed when it leaves the last one: its read's CQ entry (read_completed), its
+// notification's completion (reap), its endpoint's close (due and sent ones), or the close of
+// the CQ its read completes on (rma_cq_closed: a read whose entry never came).
 struct note {
   ep_st* e = nullptr;  // nullptr once its endpoint closed
+  fid_cq* cq = nullptr; // where its read completes (the endpoint's TX CQ when posted)
   void* ctx = nullptr; // the context the read was posted with
   bool wants = false;  // the application gets the read's completion entry
   fi_addr_t dest = 0;
@@ -167,6 +171,7 @@ ssize_t read_counted(fid_ep* ep, const fi_msg_rma* msg, std::uint64_t flags) noe
   auto* n = new (std::nothrow) note;
   if (n == nullptr) return -FI_ENOMEM;
   n->e = e;
+  n->cq = e->tx_cq;
   n->ctx = msg->context;
   n->wants = !e->tx_selective || (flags & FI_COMPLETION);
   n->dest = msg->addr;
@@ -308,7 +313,9 @@ void rma_ep_closing(ep_st* e) noexcept {
   std::lock_guard lk(mu());
   for (note* n : reads())
     if (n->e == e) {
-      n->e = nullptr; // its entry may still come; keep restores its context then
+      // its entry may still come (keep restores its context then); if none does, the note
+      // goes when its CQ closes (rma_cq_closed)
+      n->e = nullptr;
       g_active.fetch_sub(1, std::memory_order_release);
     }
   for (auto it = due().begin(); it != due().end();)
@@ -331,6 +338,24 @@ void rma_ep_closing(ep_st* e) noexcept {
   e->hidden_cq = nullptr;
   fi_freeinfo(e->hidden_info);
   e->hidden_info = nullptr;
+}
+
+void rma_cq_closed(fid_cq* cq) noexcept {
+  std::lock_guard lk(mu());
+  for (auto it = reads().begin(); it != reads().end();) {
+    note* n = *it;
+    if (n->cq != cq) {
+      ++it;
+      continue;
+    }
+    it = reads().erase(it);
+    if (n->e != nullptr) { // a provider that let a bound CQ close: the read is not counted
+      --n->e->reads;
+      drop(n);
+    } else {
+      delete n; // counted off when its endpoint closed
+    }
+  }
 }
 
 // ---- memory-region counters -------------------------------------------------------------------
