@@ -59,12 +59,15 @@ int rt_map_windows(struct rt *rt)
 	MPI_Allgather(&rt->rank, 1, MPI_INT, world, 1, MPI_INT, rt->node);
 	char name[96];
 	snprintf(name, sizeof name, "/ccrt-rma.%" PRIx64 "-%d", rt->job, world[0]);
-	const char *what = NULL; /* the call that failed */
+	const char *what = NULL; /* the call that failed (err: its errno), or why[] */
+	char why[160];
 	int err = 0, fd = -1;
 	if (nrank == 0) {
 		fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 		if (fd < 0)
 			what = "shm_open(O_CREAT | O_EXCL)", err = errno;
+		else if (fchmod(fd, 0600)) /* 0600 whatever the umask: what the others check */
+			what = "fchmod", err = errno;
 		else if (ftruncate(fd, (off_t)len))
 			what = "ftruncate", err = errno;
 	}
@@ -77,8 +80,16 @@ int rt_map_windows(struct rt *rt)
 			what = "shm_open", err = errno;
 		else if (fstat(fd, &st))
 			what = "fstat", err = errno;
-		else if ((size_t)st.st_size != len || st.st_uid != geteuid() || (st.st_mode & 0077))
-			what = "its size, owner or mode are not its creator's", err = EBADF;
+		else if ((size_t)st.st_size != len || st.st_uid != geteuid() ||
+		         (st.st_mode & 0777) != 0600) {
+			snprintf(
+			        why, sizeof why,
+			        "not the segment its creator made (size %lld, owner %u, mode %03o; "
+			        "expected %zu, %u, 600)",
+			        (long long)st.st_size, (unsigned)st.st_uid,
+			        (unsigned)st.st_mode & 0777, len, (unsigned)geteuid());
+			what = why;
+		}
 	}
 	void *m = MAP_FAILED;
 	if (ok && !what &&
@@ -89,7 +100,8 @@ int rt_map_windows(struct rt *rt)
 	if (!ok && nrank != 0)
 		rt_fail(rt, "RMA window segment %s: its creator failed", name);
 	else if (what)
-		rt_fail(rt, "RMA window segment %s: %s: %s", name, what, strerror(err));
+		rt_fail(rt, "RMA window segment %s: %s%s%s", name, what, err ? ": " : "",
+		        err ? strerror(err) : "");
 	int mine = m != MAP_FAILED, all;
 	MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, rt->node); /* every rank mapped it */
 	if (nrank == 0 && ok && shm_unlink(name)) {
