@@ -1,7 +1,9 @@
 /* bench/runtime: rt_one_write, the quiet-latency sample of row P15, built on examples/runtime's
- * engine state (rt_internal.h): one write posted as the RMA phase posts it, then finished
- * either by the engine's quiet (the tracker, fed by the CQ bridge) or, as the reference, by
- * fi_cntr_wait on the provider's own write counter.
+ * engine state (rt_internal.h): one fi_write posted as the RMA phase posts one to a rank of
+ * another node (rt_post_write: libfabric whatever node the peer is on; the phase's puts to a
+ * rank of its node go through shared memory instead), then finished either by the engine's
+ * libfabric quiet (the tracker, fed by the CQ bridge) or, as the reference, by fi_cntr_wait on
+ * the provider's own write counter.
  */
 #define _GNU_SOURCE
 #include "rt_bench.h"

@@ -136,7 +136,10 @@ static int open_endpoint(struct rt *rt)
 	return 0;
 }
 
-/* Send slots, receive slots (nrx per source), the RMA window and the RMA source. */
+/* Send slots, receive slots (nrx per source), the RMA window and the RMA source. The window
+ * of a rank with a node device is its part of the node's shared segment (rma.c), which the
+ * ranks of its node write into directly; the ranks of other nodes write into it through this
+ * registration. */
 static int register_memory(struct rt *rt, uint32_t nrx)
 {
 	const struct rt_opts *opt = &rt->o;
@@ -145,12 +148,19 @@ static int register_memory(struct rt *rt, uint32_t nrx)
 	rt->rregion_len = n * nrx * (size_t)opt->size;
 	rt->window_len = n * opt->writes * opt->wsize;
 	rt->src_len = n * opt->writes * opt->wsize;
+	rt->peers = calloc(n, sizeof *rt->peers);
+	if (!rt->peers)
+		return rt_fail(rt, "out of memory");
+	if (rt->node != MPI_COMM_NULL) {
+		if (rt_map_windows(rt))
+			return -1;
+	} else if (!(rt->window = zalloc(rt->window_len))) {
+		return rt_fail(rt, "out of memory");
+	}
 	rt->sregion = zalloc(rt->sregion_len);
 	rt->rregion = zalloc(rt->rregion_len);
-	rt->window = zalloc(rt->window_len);
 	rt->src = zalloc(rt->src_len);
-	rt->peers = calloc(n, sizeof *rt->peers);
-	if (!rt->sregion || !rt->rregion || !rt->window || !rt->src || !rt->peers)
+	if (!rt->sregion || !rt->rregion || !rt->src)
 		return rt_fail(rt, "out of memory");
 	if (fi_check(rt, "fi_mr_reg(send)",
 	             fi_mr_reg(rt->domain, rt->sregion, rt->sregion_len, FI_SEND, 0, 1, 0, &rt->smr,
@@ -285,6 +295,7 @@ struct rt *rt_open(const struct rt_opts *o)
 		return NULL;
 	rt->o = *o;
 	rt->live_req = MPI_REQUEST_NULL;
+	rt->node = MPI_COMM_NULL;
 	MPI_Comm_rank(MPI_COMM_WORLD, &rt->rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &rt->size);
 	struct rt_opts *opt = &rt->o;
@@ -312,8 +323,8 @@ struct rt *rt_open(const struct rt_opts *o)
 	 * unexpected-message queue (rxm buffers it) until a buffer is reposted: the traffic the
 	 * credits exist to prevent, kept as the benchmark's reference. */
 	const uint32_t nrx = rt->st.my_window;
-	if (open_endpoint(rt) || register_memory(rt, nrx) || rt_open_counters(rt) ||
-	    exchange_addresses(rt) || init_peers(rt, nrx))
+	if (open_endpoint(rt) || rt_open_node(rt) || register_memory(rt, nrx) ||
+	    rt_open_counters(rt) || exchange_addresses(rt) || init_peers(rt, nrx))
 		return NULL;
 	if (opt->live && rt->rank == 0) {
 		rt->live_all = calloc((size_t)rt->size, sizeof *rt->live_all);
@@ -372,7 +383,10 @@ void rt_close(struct rt *rt)
 	free(rt->live_all);
 	free(rt->sregion);
 	free(rt->rregion);
-	free(rt->window);
+	if (rt->wseg)
+		rt_unmap_windows(rt); /* rt->window is in it */
+	else
+		free(rt->window);
 	free(rt->src);
 	free(rt);
 }

@@ -130,6 +130,7 @@ int rt_finish(struct rt *rt, struct rt_stats *st)
 	rt->st.cc_sends = read_cc(rt->cc_sends);
 	rt->st.cc_writes = read_cc(rt->cc_writes);
 	rt->st.cc_recvs = read_cc(rt->cc_recvs);
+	rt->st.cc_puts = rt->cc_puts ? read_cc(rt->cc_puts) : 0;
 	rt->st.cc_errors =
 	        read_cc_err(rt->cc_sends) + read_cc_err(rt->cc_writes) + read_cc_err(rt->cc_recvs);
 	rt->st.pv_sends = read_provider(rt->pv_send, rt->st.cc_sends);
@@ -183,7 +184,8 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 	       "recvs cc/provider", "writes cc/prov", "errors", "msg/s");
 	uint64_t sent = 0, received = 0, bad = 0, dup = 0, missing = 0, credit_viol = 0,
 	         inflight_viol = 0, errors = 0, mismatch_counts = 0, window_bad = 0, writes = 0,
-	         quiet_eio = 0, sums = 0, ooo = 0, cr_returned = 0, cr_counted = 0;
+	         quiet_eio = 0, sums = 0, ooo = 0, cr_returned = 0, cr_counted = 0, puts = 0,
+	         puts_done = 0, puts_landed = 0, fi_writes = 0;
 	uint64_t max_inflight = 0, max_window = 0;
 	for (int r = 0; r < nranks; r++) {
 		const struct rt_stats *s = &all[r];
@@ -209,13 +211,18 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 		inflight_viol += s->inflight_violations;
 		errors += s->cc_errors + s->pv_errors + s->rx_errors + s->tx_errors;
 		mismatch_counts += (s->cc_sends != s->pv_sends) + (s->cc_recvs != s->pv_recvs) +
-		                   (s->cc_writes != s->pv_writes) + (s->cc_errors != s->pv_errors);
+		                   (s->cc_writes != s->pv_writes) + (s->cc_errors != s->pv_errors) +
+		                   (s->cc_puts != s->shm_puts); /* no provider: the puts made */
 		window_bad += s->window_bad;
 		writes += s->writes;
 		quiet_eio += s->quiet_eio;
 		sums += s->pair_sum_mismatch;
 		cr_returned += s->credits_returned;
 		cr_counted += s->credits_got;
+		puts += s->shm_puts;
+		puts_done += s->cc_puts;
+		puts_landed += s->shm_landed;
+		fi_writes += s->fi_writes;
 		if (s->max_inflight > max_inflight) {
 			max_inflight = s->max_inflight;
 			max_window = s->max_inflight_window;
@@ -234,6 +241,11 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 		       all[r].rank, all[r].local_peers, all[r].credits_shm, all[r].credit_incs,
 		       all[r].remote_peers, all[r].credits_returned - all[r].credits_shm,
 		       all[r].credit_msgs_sent);
+	for (int r = 0; r < nranks; r++)
+		printf("  rank %d RMA: %" PRIu64 " shared-memory puts to local peers (%" PRIu64
+		       " of theirs counted landed here), %" PRIu64
+		       " libfabric writes to remote peers\n",
+		       all[r].rank, all[r].shm_puts, all[r].shm_landed, all[r].fi_writes);
 	putchar('\n');
 	int ok = 1, c;
 	c = sent == expected && received == expected && bad == 0 && dup == 0 && missing == 0 &&
@@ -263,18 +275,21 @@ int rt_report(const struct rt_opts *o, const struct rt_stats *all, int nranks, d
 		       " of window %" PRIu64 ", sends above it %" PRIu64 ")  %s\n",
 		       max_inflight, max_window, inflight_viol, verdict(c));
 	}
-	c = mismatch_counts == 0 && cr_returned == cr_counted;
+	c = mismatch_counts == 0 && cr_returned == cr_counted && puts == puts_landed;
 	ok &= c;
 	printf("  check: compcntr's counts equal the provider's own counters (sends, receives, RMA "
 	       "writes, errors on every rank: %" PRIu64 " differ; credits, which skip libfabric "
-	       "between ranks of a node: %" PRIu64 " returned, %" PRIu64 " counted)  %s\n",
-	       mismatch_counts, cr_returned, cr_counted, verdict(c));
+	       "between ranks of a node: %" PRIu64 " returned, %" PRIu64 " counted; shared-memory "
+	       "puts, which skip it too: %" PRIu64 " issued, %" PRIu64 " complete, %" PRIu64
+	       " landed)  %s\n",
+	       mismatch_counts, cr_returned, cr_counted, puts, puts_done, puts_landed, verdict(c));
 	c = writes == o->writes * (uint64_t)nranks * (uint64_t)(nranks - 1) && window_bad == 0 &&
-	    quiet_eio == 0;
+	    quiet_eio == 0 && puts + fi_writes == writes && puts_landed == puts;
 	ok &= c;
-	printf("  check: RMA writes finished by quiet() and landed (%" PRIu64
-	       " writes, window bytes wrong %" PRIu64 ", quiet EIO %" PRIu64 ")  %s\n",
-	       writes, window_bad, quiet_eio, verdict(c));
+	printf("  check: RMA writes finished by quiet() and landed (%" PRIu64 " writes: %" PRIu64
+	       " shared-memory puts, %" PRIu64 " counted landed by their targets, %" PRIu64
+	       " libfabric writes; window bytes wrong %" PRIu64 ", quiet EIO %" PRIu64 ")  %s\n",
+	       writes, puts, puts_landed, fi_writes, window_bad, quiet_eio, verdict(c));
 	printf("  %d ranks, %" PRIu64 " messages of %u B per pair, %" PRIu64
 	       " RMA writes of %u B per pair, %.2f s\n",
 	       nranks, o->msgs, o->size, o->writes, o->wsize, wall);

@@ -16,6 +16,10 @@
  *     the receiver returns credits by incrementing the sender's counter itself, no message.
  *   - issues `writes` RMA writes to every other rank's window, counted by a compcntr counter
  *     (the CQ bridge on the transmit CQ, FI_WRITE) and finished by compcntr_tracker_quiet.
+ *     To a rank of its node a write is a put through shared memory instead (the node's RMA
+ *     windows live in one shared segment): a memcpy into the peer's window, then increments of
+ *     the peer's "landed" counter (which the peer waits on before it checks those bytes) and of
+ *     the counter of a second completion tracker, both on the node's shared device.
  * Everything is verified: payload checksums, exactly-once delivery, credit discipline,
  * compcntr's counts against the provider's own fid_cntr counters, the RMA windows' contents.
  *
@@ -49,7 +53,8 @@ struct rt_opts {
 	int vary_windows;       /* odd ranks post window + window / 2 (per-peer windows) */
 	uint32_t batch;         /* credits returned per credit message (0: window / 4, >= 1) */
 	int flow; /* 1: credit flow control; 0: none (the reference: senders never wait) */
-	int node_shm; /* 1 (default): credits between ranks of one node by shared counters */
+	int node_shm; /* 1 (default): credits and RMA between ranks of one node by shared
+	               * counters and shared memory; 0: everything over libfabric */
 	int ranks_per_node; /* > 0: a node is K ranks of a host (local and remote peers on one) */
 	uint64_t writes; /* RMA writes to every other rank */
 	uint32_t wsize; /* bytes per RMA write */
@@ -86,7 +91,10 @@ struct rt_stats {
 	uint64_t
 	        credit_violations; /* messages the sender had no credit for (seq >= window + seen) */
 	uint64_t rx_errors, tx_errors; /* error completions (truncation, ...) */
-	uint64_t writes, quiets, quiet_eio;
+	uint64_t writes, quiets, quiet_eio; /* writes: RMA writes issued, both ways */
+	uint64_t shm_puts, fi_writes; /* ... to local peers by shared memory / by fi_write */
+	uint64_t cc_puts; /* shared-memory puts complete: the local tracker's counter */
+	uint64_t shm_landed; /* local peers' puts counted landed here (this rank's counters) */
 	uint64_t window_bad; /* bytes of this rank's RMA window that did not match */
 	uint64_t cc_sends, pv_sends, cc_recvs, pv_recvs, cc_writes, pv_writes;
 	uint64_t cc_errors, pv_errors;

@@ -12,6 +12,13 @@
  *              then live on the node's shared device and p resolved its one by id). The
  *              credit tracker adopted these counters, one window per peer: acquire(p) is
  *              admitted while sent - returned < window(p).
+ *   cc_puts    on the node's shared device: puts to ranks of this node (memcpy into their
+ *              window in the node's segment) that are complete, counted by this rank after
+ *              each put; the shared-memory completion tracker (tr_shm) waits on it (quiet).
+ *   cc_landed[p]  on the node's shared device: rank p's puts into this rank's window, counted
+ *              by p after each memcpy (p resolved this counter by id). The landed check waits
+ *              on it, then reads the bytes: p's increment (seq_cst RMW) releases its memcpy,
+ *              the wait's read acquires it.
  *   pv_*       the provider's own fid_cntr counters bound to the endpoint (FI_SEND, FI_RECV,
  *              FI_WRITE): compcntr's counts must equal them at the end. Credits through shared
  *              counters are no libfabric traffic: they are checked as credits returned (by
@@ -70,6 +77,8 @@ struct peer {
 	uint64_t ncctx;
 	uint64_t got;                 /* credits it returned to me */
 	struct compcntr_comp_cntr *shm_credit; /* on my node: its counter of my credits */
+	char *shm_win;                /* on my node: its RMA window, mapped here (puts: memcpy) */
+	struct compcntr_comp_cntr *shm_landed; /* on my node: its counter of my puts landed */
 };
 
 struct live_msg {
@@ -97,15 +106,21 @@ struct rt {
 	struct compcntr_device *dev;
 	struct compcntr_device
 	        *sdev; /* shared by this node's ranks (NULL: none or --no-node-shm) */
+	MPI_Comm node;                /* this node's ranks during set-up (MPI_COMM_NULL: none) */
+	uint64_t job;                 /* unique per run: names the node's segments */
+	char *wseg; /* the node's RMA windows, one shared segment (NULL: none) */
+	size_t wseg_len;
 	struct compcntr_comp_cntr *cc_sends, *cc_writes, *cc_recvs, **cc_credit;
+	struct compcntr_comp_cntr *cc_puts, **cc_landed; /* NULL without a node device */
 	struct compcntr_credits *cr;
-	struct compcntr_tracker *tr;
+	struct compcntr_tracker *tr; /* quiet: libfabric writes (cc_writes) */
+	struct compcntr_tracker *tr_shm; /* quiet: shared-memory puts (cc_puts; NULL: none) */
 	struct compcntr_fi_bridge *br;
-	struct compcntr_wait_attr wa;     /* waits for credits and messages: both CQs */
-	struct compcntr_wait_attr wa_tx;  /* quiet: the transmit CQ's bridge only */
+	struct compcntr_wait_attr wa; /* waits for credits and messages: both CQs */
+	struct compcntr_wait_attr wa_tx; /* quiet: the transmit CQ's bridge only */
 	/* state */
 	int phase;
-	uint64_t tx_posted;           /* data + credit messages posted */
+	uint64_t tx_posted; /* data + credit messages posted */
 	uint64_t round_base, round_end; /* this round's sequence numbers per pair: [base, end) */
 	uint64_t writes_posted;
 	struct rt_stats st;
@@ -114,8 +129,8 @@ struct rt {
 	double next_live;
 	MPI_Request live_req;
 	struct live_msg live_out;
-	struct live_msg *live_all;    /* rank 0 */
-	unsigned idle;                /* consecutive progress-function calls that found nothing */
+	struct live_msg *live_all; /* rank 0 */
+	unsigned idle; /* consecutive progress-function calls that found nothing */
 	double live_t0;
 	int live_printed;
 };
@@ -144,7 +159,9 @@ static inline uint64_t read_cc_err(struct compcntr_comp_cntr *cc)
 /* endpoint.c: prints "runtime: rank R: <message>" to stderr; returns -1. */
 int rt_fail(struct rt *rt, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* counters.c: compcntr's objects and the node's shared device. 0 or -1. */
+/* counters.c: this rank's node (its communicator, the job's id, the node's shared device),
+ * before the memory is registered; then compcntr's objects. 0 or -1. */
+int rt_open_node(struct rt *rt);
 int rt_open_counters(struct rt *rt);
 /* After the address exchange: the credit tracker over one window per peer. 0 or -1. */
 int rt_adopt_credits(struct rt *rt, const uint64_t *windows);
@@ -152,8 +169,8 @@ void rt_close_counters(struct rt *rt);
 
 /* progress.c */
 int rt_progress_n(struct rt *rt); /* drives both CQs; the number of entries handled */
-void rt_progress(void *rt);       /* the progress function of the waits on both CQs */
-void rt_tx_progress(void *rt);    /* ... and of quiet: the transmit CQ's bridge */
+void rt_progress(void *rt); /* the progress function of the waits on both CQs */
+void rt_tx_progress(void *rt); /* ... and of quiet: the transmit CQ's bridge */
 int rt_post_data_recv(struct rt *rt, struct peer *p, struct rx_slot *s);
 int rt_post_credit_recv(struct rt *rt, struct rx_slot *s);
 
@@ -163,9 +180,15 @@ unsigned char rt_payload_byte(uint32_t src, uint32_t dst, uint64_t seq, size_t i
 uint64_t rt_msg_sum(const struct rt_msg_hdr *h, const char *payload, size_t n);
 int rt_drive_until(struct rt *rt, int (*done)(struct rt *), const char *what);
 
-/* rma.c: the bytes of write j from src to dst; one write posted (counted by the tracker) */
+/* rma.c: the bytes of write j from src to dst; one write posted over libfabric (counted by
+ * the tracker); one write to dst by the way it takes (a shared-memory put to a rank of this
+ * node, else rt_post_write); the node's RMA windows mapped (rt->window and every local peer's
+ * shm_win, with a node device), and unmapped. 0 or -1. */
 unsigned char rt_rma_byte(uint32_t src, uint32_t dst, uint64_t j, size_t i);
 int rt_post_write(struct rt *rt, int dst, uint64_t j);
+int rt_put(struct rt *rt, int dst, uint64_t j);
+int rt_map_windows(struct rt *rt);
+void rt_unmap_windows(struct rt *rt);
 
 /* report.c: the live line (force: now, not at most every 100 ms) */
 void rt_live_tick(struct rt *rt, int force);

@@ -35,7 +35,7 @@ static void usage(FILE *f)
 	        "  --batch B          credits per credit message (default W/4)\n"
 	        "  --no-flow          no flow control (reference): senders do not wait for "
 	        "credits\n"
-	        "  --no-node-shm      credits by libfabric messages between ranks of one node "
+	        "  --no-node-shm      credits and RMA by libfabric between ranks of one node "
 	        "too\n"
 	        "  --ranks-per-node K treat every K ranks of a host as a node of their own (try "
 	        "local and\n"
@@ -164,7 +164,7 @@ int rt_run(const struct rt_opts *op)
 		       "keep %u%s buffers "
 		       "posted per source%s;\n  then %llu RMA writes to every other rank, %u per "
 		       "peer between two "
-		       "compcntr_tracker_quiet calls\n",
+		       "compcntr_tracker_quiet calls%s\n",
 		       (unsigned long long)eo->msgs, eo->size, eo->window,
 		       eo->vary_windows ? " (odd ranks 1.5x)" : "",
 		       !eo->flow ? ""
@@ -174,7 +174,12 @@ int rt_run(const struct rt_opts *op)
 		                 "batches (zero-byte messages whose CQ data is the count)"
 		               : " and return credits in batches (zero-byte messages whose CQ "
 		                 "data is the count)",
-		       (unsigned long long)eo->writes, eo->rma_batch);
+		       (unsigned long long)eo->writes, eo->rma_batch,
+		       eo->node_shm
+		               ? ":\n  to ranks of their node by shared memory (memcpy into the "
+		                 "peer's window, completion\n  in shared counters), to others "
+		                 "by fi_write"
+		               : "");
 		fflush(stdout);
 	}
 	if (rt_messages(rt) || rt_rma(rt))

@@ -5,7 +5,9 @@ usage: run_runtime.py MPIRUN PROGRAM NP EXPECT [program args...]
   EXPECT  pass            exit 0, every check line PASS, the exact message and write totals,
                           every rank's local / remote peer counts (all peers local on one
                           node, np/2 - 1 + np/2 on two hosts, K - 1 + np - K with
-                          --ranks-per-node K, 0 local with --no-node-shm),
+                          --ranks-per-node K, 0 local with --no-node-shm), and its RMA writes
+                          each way (shared-memory puts = writes x local peers, also counted
+                          landed by their targets; libfabric writes = writes x remote peers),
                           "runtime: all checks passed"
           pass:longer=S   the same, for a run meant to outlast S seconds (a watchdog shorter
                           than the run); a run that was over sooner exercised nothing and is
@@ -24,10 +26,11 @@ usage: run_runtime.py MPIRUN PROGRAM NP EXPECT [program args...]
   SIGTERM/SIGINT). Where namespaces cannot be created (no root, no CAP_NET_ADMIN, no iproute2)
   the test is skipped (exit 77) with the reason.
 
-After every run (passed, failed or killed) no shared-memory segment of the job's node devices
-(/dev/shm/compcntr.ccrt-*, examples/runtime's "Ranks of one node") may be left: the runtime
-removes their names as soon as every rank of the node has opened them, so even a job ended by
-MPI_Abort or SIGKILL leaves none.
+After every run (passed, failed or killed) no shared-memory segment of the job's nodes may be
+left: neither a node device (/dev/shm/compcntr.ccrt-*) nor a node's RMA windows
+(/dev/shm/ccrt-rma.*; examples/runtime's "Ranks of one node"): the runtime removes their names
+as soon as every rank of the node has opened (mapped) them, so even a job ended by MPI_Abort or
+SIGKILL leaves none.
 
 Every run is bounded (a hung job is killed and fails the test): mpirun runs in a session of its
 own; past the limit (90 s, or --runner-limit S before the program arguments) it gets SIGTERM
@@ -158,10 +161,15 @@ def kill_session(sid, grace):
 SEGMENTS = '/dev/shm'
 
 
+# examples/runtime's segments: node devices (compcntr.ccrt-<job>-<leader>) and the nodes' RMA
+# windows (ccrt-rma.<job>-<leader>)
+SEGMENT_PREFIXES = ('compcntr.ccrt-', 'ccrt-rma.')
+
+
 def node_segments():
-    """Names of examples/runtime's node-device segments now in /dev/shm."""
+    """Names of examples/runtime's node segments now in /dev/shm."""
     try:
-        return {f for f in os.listdir(SEGMENTS) if f.startswith('compcntr.ccrt-')}
+        return {f for f in os.listdir(SEGMENTS) if f.startswith(SEGMENT_PREFIXES)}
     except OSError:
         return set()
 
@@ -250,7 +258,7 @@ def run(mpirun, prog, np_, expect, args, limit, two):
     problems = []
     leaked = left_segments(segs_before)
     if leaked:
-        problems.append(f'{len(leaked)} node-device segment(s) left in {SEGMENTS}: '
+        problems.append(f'{len(leaked)} node segment(s) left in {SEGMENTS}: '
                         f'{", ".join(leaked)} (removed now)')
         for f in leaked:
             try:
@@ -282,8 +290,14 @@ def run(mpirun, prog, np_, expect, args, limit, two):
         total = msgs * np_ * (np_ - 1)
         if f'({total} of {total}, bad 0, duplicates 0, missing 0' not in out:
             problems.append(f'the delivery line does not say {total} of {total} with nothing bad')
-        if f'({writes * np_ * (np_ - 1)} writes, window bytes wrong 0' not in out:
+        m = re.search(r'RMA writes finished by quiet\(\) and landed \((\d+) writes: (\d+) '
+                      r'shared-memory puts, (\d+) counted landed by their targets, (\d+) '
+                      r'libfabric writes; window bytes wrong 0, quiet EIO 0\)  PASS$', out, re.M)
+        if not m or int(m.group(1)) != writes * np_ * (np_ - 1):
             problems.append('the RMA line does not report every write landed')
+        elif int(m.group(2)) + int(m.group(4)) != int(m.group(1)) or m.group(2) != m.group(3):
+            problems.append(f'the RMA line: {m.group(2)} puts + {m.group(4)} libfabric writes, '
+                            f'{m.group(3)} puts landed, of {m.group(1)} writes')
         if flow and 'violations 0; truncation / error completions 0)' not in out:
             problems.append('the posted-buffer line is not clean')
         rows = re.findall(r'^  (\d+) +(\d+) +(\d+) +\d+ +(\d+)/(\d+) ', out, re.M)
@@ -320,6 +334,24 @@ def run(mpirun, prog, np_, expect, args, limit, two):
             if flow and ((int(incs) > 0) != (int(loc) > 0) or (int(cmsgs) > 0) != (int(rem) > 0)):
                 problems.append(f'rank {r}: {incs} increments / {cmsgs} credit messages for '
                                 f'{loc} local / {rem} remote peers')
+        # RMA: a write to a peer on this rank's node is a shared-memory put (counted landed by
+        # that peer's shared counter), to any other an fi_write; exact counts per rank, both
+        # kinds present when the rank has both kinds of peers
+        rma = re.findall(r'^  rank (\d+) RMA: (\d+) shared-memory puts to local peers \((\d+) of '
+                         r'theirs counted landed here\), (\d+) libfabric writes to remote '
+                         r'peers$', out, re.M)
+        if len(rma) != np_:
+            problems.append(f'{len(rma)} per-rank RMA lines, expected {np_}')
+        for r, puts, landed, fiw in rma:
+            loc = want_local   # what the options imply
+            want = (writes * loc, writes * loc, writes * (np_ - 1 - loc))
+            if (int(puts), int(landed), int(fiw)) != want:
+                problems.append(f'rank {r}: {puts} shared-memory puts ({landed} landed here), '
+                                f'{fiw} libfabric writes; expected {want[0]} ({want[1]}), '
+                                f'{want[2]}')
+            if writes and loc and (np_ - 1 - loc) and not (int(puts) and int(fiw)):
+                problems.append(f'rank {r} has local and remote peers but not both kinds of '
+                                f'writes')
         if 'runtime: all checks passed' not in out:
             problems.append('no "runtime: all checks passed" line')
     elif expect.startswith('fail:'):
