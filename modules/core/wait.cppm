@@ -143,6 +143,12 @@ struct wait_goal {
 /// tracker): the three phases of the file comment in one call (src/core/wait/wait.cpp).
 std::errc wait_slot(slot& s, const wait_goal& goal, std::int64_t timeout_ms,
                     const wait_options& opts) noexcept;
+/// wait() of a 2-stripe counter (every shared counter): a spin waiter's first block of polls in
+/// a function of a small frame, whose exit is short (bench P18: the answer usually arrives
+/// within it, and what runs between the poll that sees it and the caller's next update is a
+/// ping-pong's latency); then wait_slot with the error count it sampled.
+std::errc wait_two_stripes(slot& s, std::uint64_t threshold, std::int64_t timeout_ms,
+                           const wait_options& opts) noexcept;
 /// compcntr::poll_any over any list of slots (src/core/wait/poll.cpp).
 poll_result poll_slots(const slot_list& slots, const std::uint64_t* thresholds,
                        std::int64_t timeout_ms, const wait_options& opts) noexcept;
@@ -191,6 +197,8 @@ inline std::errc wait(counter_view c, std::uint64_t threshold, std::chrono::mill
   // its stripes), so it passes here only for threshold 0, which any sum reaches; otherwise
   // wait_slot sums the stripes. Saves the stripes test on the satisfied path (bench P11).
   if (s->value.load(std::memory_order_acquire) >= threshold) return std::errc{};
+  if ((s->stripes & detail::two_stripes_tag) != 0) [[unlikely]]
+    return detail::wait_two_stripes(*s, threshold, timeout.count(), opts);
   return detail::wait_slot(*s, {.need = threshold}, timeout.count(), opts);
 }
 

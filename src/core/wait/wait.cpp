@@ -125,6 +125,23 @@ std::errc wait_on_empty() noexcept {
   return std::errc(fail(EINVAL, "wait: the counter is empty (moved from or destroyed)").value());
 }
 
+std::errc wait_two_stripes(slot& s, std::uint64_t need, std::int64_t timeout_ms,
+                           const wait_options& o) noexcept {
+  const stripe* const two = hot_two_stripes(s);
+  if (two == nullptr) return wait_slot(s, {.need = need}, timeout_ms, o);
+  // The error count now, as wait_slot would sample it; passed on, so an error change between
+  // here and the engine is seen (errors_seen).
+  const two_stripes w{two};
+  const std::uint64_t err0 = w.errors();
+  if (o.spin > nanoseconds::zero() && timeout_ms != 0 && o.drive == nullptr &&
+      s.dev->progress_sources().empty()) [[likely]] {
+    if (w.value() >= need) return std::errc{};
+    if (const outcome r = hot_block<true>(w, 0, ~std::uint64_t{0}, need, err0); r.done)
+      return r.ec;
+  }
+  return wait_slot(s, {.need = need, .errors_seen = err0, .sample_errors = false}, timeout_ms, o);
+}
+
 std::errc wait_slot(slot& s, const wait_goal& g, std::int64_t timeout_ms,
                     const wait_options& o) noexcept {
   void (*const refresh)(slot&) noexcept = s.hw != nullptr ? s.hw->refresh : nullptr;
