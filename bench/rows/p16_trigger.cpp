@@ -6,6 +6,10 @@
 //     `target`), then A waits until back >= i;  B: waits until target >= i, then back += 1.
 //   * reference: A: c += 1, then waits until back >= i;  B: waits until c >= i, adds 1 to
 //     `target` itself, then back += 1.
+//   * info, the floor of the triggered shape: A: c += 1, then target += 1 itself (no trigger),
+//     then waits until back >= i;  B: as in the triggered variant. The triggered variant's
+//     excess over it is the firing's latency in A's path (the watch word's test, the list's
+//     lock, the node's unlink, the action's call).
 // Both round trips carry two cache-line transfers (A -> B, B -> A); the difference is who does
 // the add to target and at what cost: the trigger's firing (the counter's trigger lock, the
 // pop, the action's call) in A's path, versus B's plain add after its wait. Every wait is
@@ -71,9 +75,11 @@ void run(bench::context& ctx) {
   auto cap = [](pp::control& ctl) {  // before round 1: the responder reads it after that update
     if (ctl.limit.load() > pre_armed) ctl.limit.store(pre_armed);
   };
-  for (bool triggered : {true, false}) {
+  for (int variant : {0, 1, 2}) {
+    const bool triggered = variant == 0, by_hand = variant == 2;
     tallies.push_back(std::make_shared<pp::tally>());
     const std::string name = triggered ? "triggered add (inline trigger on c adds to target)"
+                             : by_hand ? "A adds to c and to target itself (no trigger)"
                                        : "waiter adds (B waits on c, adds to target itself)";
     if (ec) {
       vs.push_back(bench::unavailable_variant(name, std::string(compcntr::last_error_message())));
@@ -81,12 +87,17 @@ void run(bench::context& ctx) {
     }
     pp::spec s;
     s.name = name;
-    s.initiator = [k, cap](pp::control& ctl) {
+    s.initiator = [k, cap, by_hand](pp::control& ctl) {
       cap(ctl);
       return pp::free_initiator(
-          ctl, [&] { k->c.add(1); }, [&](std::uint64_t i) { return wait_on(k->back, i); });
+          ctl,
+          [&] {
+            k->c.add(1);
+            if (by_hand) k->target.add(1);
+          },
+          [&](std::uint64_t i) { return wait_on(k->back, i); });
     };
-    if (triggered)
+    if (triggered || by_hand)
       s.responder = [k](pp::control& ctl) {
         return pp::free_responder(
             ctl, [&] { k->back.add(1); }, [&](std::uint64_t i) { return wait_on(k->target, i); });
@@ -121,6 +132,8 @@ void run(bench::context& ctx) {
   ctx.add(bench::compare("P16", "triggered counter add vs waiter doing the add", r[0], r[1],
                          bench::goal::ratio_at_most, 1.0,
                          r[0].available ? pp::describe("triggered", *tallies[0]) : ""));
+  ctx.add(bench::compare("P16", "triggered counter add vs the crossing thread adding itself",
+                         r[0], r[2]));
 }
 
 } // namespace
