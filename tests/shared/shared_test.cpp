@@ -2154,12 +2154,11 @@ TEST_CASE("shared devices: a killed child not yet reaped (zombie) is swept as de
   const pid_t mt = spawn([&] {
     compcntr_device* cd = child_open(n);
     compcntr_comp_cntr* r = child_resolve(cd, id);
-    static compcntr_comp_cntr* rs; // for the thread (the main thread's stack goes)
-    rs = r;
-    std::thread([&] {
+    // Its captures stay valid: the exit of the main thread below frees no memory.
+    std::thread([r, &go, &done] {
       char x = 0;
       CHILD_CHECK(go.recv(x));
-      CHILD_CHECK(compcntr_inc_comp_cntr(rs, 100) == 0);
+      CHILD_CHECK(compcntr_inc_comp_cntr(r, 100) == 0);
       done.send('d');
       for (;;) ::pause(); // killed here
     }).detach();

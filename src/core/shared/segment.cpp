@@ -173,7 +173,6 @@ std::error_code shared_segment::initialise(std::uint32_t mode) noexcept {
   // a header with the magic is complete but for the state.
   std::atomic_thread_fence(std::memory_order_release);
   h.magic = shm::magic;
-  std::atomic_thread_fence(std::memory_order_release);
   h.state.store(shm::seg_ready, std::memory_order_release);
   return {};
 }
