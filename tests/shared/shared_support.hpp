@@ -145,6 +145,31 @@ struct seg_view {
   }
 };
 
+/// Field 3 (state) of /proc/<pid>/stat: 'R', 'S', 'Z' (a zombie: exited, not yet reaped; also
+/// a thread group leader whose thread exited while other threads of its process run), ...; 0
+/// if there is no such process. The command name (field 2) may hold spaces: read after its ')'.
+inline char proc_state(pid_t pid) {
+  char path[40], buf[512];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const ssize_t k = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (k <= 0) return 0;
+  buf[k] = '\0';
+  const char* p = std::strrchr(buf, ')');
+  return p != nullptr && p[1] == ' ' ? p[2] : 0;
+}
+
+/// The process table entry of process `pid` in a segment (shm::max_procs if it has none).
+inline std::uint32_t proc_entry(const seg_view& v, pid_t pid) {
+  for (std::uint32_t j = 0; j < shm::max_procs; ++j) {
+    const std::uint64_t w = v.hdr().procs[j].load(std::memory_order_acquire);
+    if (w != 0 && shm::proc_pid(w) == static_cast<std::uint32_t>(pid)) return j;
+  }
+  return shm::max_procs;
+}
+
 /// Entries of a /proc/self directory ("fd", "task"): open fds, threads.
 inline int proc_self_entries(const char* what) {
   const std::string dir = std::string("/proc/self/") + what;

@@ -69,7 +69,12 @@ std::error_code shared_segment::attach_map(std::size_t bytes) noexcept {
 
 // Checks what the file is before touching anything past its header: owner, mode, size (fstat),
 // then magic, version and layout. Leaves the mapping of exactly st_size bytes on success.
-std::error_code shared_segment::validate(const struct stat& st) noexcept {
+// `blank`: set (with success) when the header was never written: magic 0 and state
+// "initializing" (initialise writes the magic after every other field of the header, and the
+// state "ready" after the magic), which under the flock means that its creator died after
+// sizing the file and before writing the header: not corrupt, never initialised.
+std::error_code shared_segment::validate(const struct stat& st, bool& blank) noexcept {
+  blank = false;
   const char* n = dev_name.c_str();
   if (st.st_uid != ::geteuid()) {
     if ((st.st_mode & 0060) != 0060 || !in_group(st.st_gid))
@@ -92,6 +97,10 @@ std::error_code shared_segment::validate(const struct stat& st) noexcept {
                 n, shm_name.c_str(), static_cast<long long>(st.st_size), shm::page);
   if (auto e = attach_map(static_cast<std::size_t>(st.st_size))) return e;
   const shm::header& h = *hdr;
+  if (h.magic == 0 && h.state.load(std::memory_order_acquire) == shm::seg_initializing) {
+    blank = true;
+    return {};
+  }
   if (h.magic != shm::magic)
     return fail(EBADMSG,
                 "open_shared_device: '%s' (/dev/shm%s) is not a compcntr segment (bad magic "
@@ -128,7 +137,9 @@ std::error_code shared_segment::validate(const struct stat& st) noexcept {
 }
 
 // Under the exclusive flock, on a file nobody else uses: zero it (ftruncate to 0 and back),
-// write the header, register, and publish state = ready last.
+// write the header with its magic last, register, and publish state = ready. A creator killed
+// at any point leaves a file that the next opener (which gets the flock when it dies) finds of
+// size 0, blank (magic 0: validate), or in state "initializing": it re-initialises each of them.
 std::error_code shared_segment::initialise(std::uint32_t mode) noexcept {
   unmap();
   const std::size_t bytes = shm::total_size(shm::default_cells);
@@ -141,7 +152,6 @@ std::error_code shared_segment::initialise(std::uint32_t mode) noexcept {
   if (auto e = attach_map(bytes)) return e;
   shm::header& h = *hdr;
   h.state.store(shm::seg_initializing, std::memory_order_relaxed);
-  h.magic = shm::magic;
   h.version = shm::version;
   h.header_size = sizeof(shm::header);
   h.cell_count = shm::default_cells;
@@ -159,6 +169,10 @@ std::error_code shared_segment::initialise(std::uint32_t mode) noexcept {
       reinterpret_cast<shm::record*>(static_cast<char*>(base) + shm::records_offset(cell_count));
   me = 0;
   h.procs[0].store(my_word, std::memory_order_relaxed);
+  // The magic after every other field (the fence orders the compiler's stores and the CPU's):
+  // a header with the magic is complete but for the state.
+  std::atomic_thread_fence(std::memory_order_release);
+  h.magic = shm::magic;
   h.state.store(shm::seg_ready, std::memory_order_release);
   return {};
 }
@@ -292,7 +306,17 @@ std::error_code shared_segment::open(std::string_view nm, std::uint32_t flags,
       }
       return done(initialise(mode));
     }
-    if (auto e = validate(st)) return done(e);
+    bool blank = false;
+    if (auto e = validate(st, blank)) return done(e);
+    if (blank) {  // its creator died before writing the header (we hold its flock)
+      if (!create)
+        return done(fail(ENOENT,
+                         "open_shared_device: '%s' was never initialised (its creator died "
+                         "before writing its header); open with COMPCNTR_SHARED_CREATE to "
+                         "replace it",
+                         dev_name.c_str()));
+      return done(initialise(mode));
+    }
     const std::uint32_t state = hdr->state.load(std::memory_order_acquire);
     // Retired and still linked: its last process could not unlink it (a retiring close holds
     // the flock until it has unlinked, and we hold it now), so nobody uses it: stale.

@@ -103,7 +103,7 @@ struct shared_segment {
 
   std::error_code open(std::string_view nm, std::uint32_t flags, std::uint32_t mode) noexcept;
   std::error_code attach_map(std::size_t bytes) noexcept;
-  std::error_code validate(const struct stat& st) noexcept;
+  std::error_code validate(const struct stat& st, bool& blank) noexcept;
   std::error_code initialise(std::uint32_t mode) noexcept;
   std::error_code register_self() noexcept;
   void close() noexcept;
@@ -140,7 +140,8 @@ inline shared_segment& seg_of(const slot& s) noexcept {
 }
 
 /// Process identity (sweep.cpp). Field 22 (start time) of /proc/<pid>/stat; false if the
-/// process does not exist or is a zombie.
+/// process does not exist or has ended (state X, or a zombie: state Z with no thread left;
+/// a leader in state Z whose other threads run is alive).
 bool process_start(std::uint32_t pid, std::uint64_t& start) noexcept;
 /// Whether process table entry `w` names a live process.
 bool proc_alive(std::uint64_t w) noexcept;

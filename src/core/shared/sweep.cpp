@@ -26,8 +26,11 @@ constexpr std::uint64_t start_mask = (std::uint64_t{1} << (64 - shm::start_shift
 
 } // namespace
 
-// Field 22 (start time) of /proc/<pid>/stat; false if the process does not exist or is a zombie
-// (dead, not yet reaped: it holds nothing any more). The command name (field 2) may contain
+// Field 22 (start time) of /proc/<pid>/stat; false if the process does not exist or has ended:
+// state X (dead), or state Z (a zombie: exited, not yet reaped; it has no mappings and never
+// touches the segment again) with one thread (field 20). A pid in state Z with more threads is
+// a thread group leader whose own thread exited while its other threads run (pthread_exit in
+// main): that process is alive and keeps its mappings. The command name (field 2) may contain
 // spaces and parentheses: fields are counted after its last ')'.
 bool process_start(std::uint32_t pid, std::uint64_t& start) noexcept {
   if (pid == 0 || pid > shm::pid_mask) return false;
@@ -43,20 +46,27 @@ bool process_start(std::uint32_t pid, std::uint64_t& start) noexcept {
   const char* p = static_cast<const char*>(::memrchr(buf, ')', static_cast<std::size_t>(n)));
   if (p == nullptr) return false;
   ++p;                                                     // " S ppid ..." : fields 3..
+  auto number = [](const char* q) {
+    std::uint64_t v = 0;
+    for (; *q >= '0' && *q <= '9'; ++q) v = v * 10 + static_cast<unsigned>(*q - '0');
+    return v;
+  };
   int field = 2;
   const char* tok = nullptr;
+  bool zombie = false;
   while (*p != '\0' && field < 22) {
     while (*p == ' ') ++p;
     tok = p;
     ++field;
-    if (field == 3 && (*tok == 'Z' || *tok == 'X')) return false;
+    if (field == 3) {
+      if (*tok == 'X') return false;
+      zombie = *tok == 'Z';
+    }
+    if (field == 20 && zombie && number(tok) <= 1) return false;
     while (*p != ' ' && *p != '\0') ++p;
   }
   if (field != 22 || tok == nullptr) return false;
-  std::uint64_t v = 0;
-  for (const char* q = tok; *q >= '0' && *q <= '9'; ++q)
-    v = v * 10 + static_cast<unsigned>(*q - '0');
-  start = v & start_mask;
+  start = number(tok) & start_mask;
   return true;
 }
 
