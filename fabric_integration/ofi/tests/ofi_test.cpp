@@ -471,6 +471,59 @@ TEST_CASE("the layer's CQ read under allocation failure: -FI_ENOMEM, and no entr
 // entries are its own (one per operation with its context on a, none on b). Without the layer's
 // read notification the target's FI_REMOTE_READ counter stays 0; without its MR binding
 // fi_mr_bind is rxm's -FI_ENOSYS.
+// What the "FI_RMA_EVENT over tcp" cases read from the pair's CQs: a's entries by context
+// (a context seen twice is a duplicate), b's entries (b must have none), and reads that gave
+// neither entries nor -FI_EAGAIN.
+struct cq_tally {
+  std::set<void*> seen;
+  std::size_t b_entries = 0, duplicates = 0, bad_reads = 0;
+  void drain(pair& p) {
+    fi_cq_data_entry e[8];
+    ssize_t n = fi_cq_read(p.a.cq, e, 8);
+    for (ssize_t i = 0; i < n; ++i) duplicates += !seen.insert(e[i].op_context).second;
+    bad_reads += !(n > 0 || n == -FI_EAGAIN);
+    n = fi_cq_read(p.b.cq, e, 8);
+    if (n > 0) b_entries += static_cast<std::size_t>(n);
+    bad_reads += !(n > 0 || n == -FI_EAGAIN);
+  }
+};
+
+// The counters check_rma_counts reads, opened and bound on both sides of p: per side FI_WRITE,
+// FI_READ, FI_REMOTE_WRITE and FI_REMOTE_READ on its endpoint, and FI_REMOTE_WRITE on its MR.
+// 0 or the first failing call's result.
+static int open_rma_counters(pair& p, fid_cntr* (&c)[2][4], fid_cntr* (&mr_cntr)[2]) {
+  const std::uint64_t ev[4] = {FI_WRITE, FI_READ, FI_REMOTE_WRITE, FI_REMOTE_READ};
+  side* sides[2] = {&p.a, &p.b};
+  for (int s = 0; s < 2; ++s) {
+    for (int k = 0; k < 4; ++k) {
+      if (int r = p.open_cntr(&c[s][k], FI_WAIT_UNSPEC)) return r;
+      if (int r = fi_ep_bind(sides[s]->ep, &c[s][k]->fid, ev[k])) return r;
+    }
+    if (int r = p.open_cntr(&mr_cntr[s], FI_WAIT_UNSPEC)) return r;
+    if (int r = fi_mr_bind(sides[s]->mr, &mr_cntr[s]->fid, FI_REMOTE_WRITE)) return r;
+  }
+  return 0;
+}
+
+// The counters of the two "FI_RMA_EVENT over tcp" pairs after w writes and r reads from side 0
+// to side 1: side 0's FI_WRITE / FI_READ counters (c[0][0..1]) and side 1's FI_REMOTE_WRITE /
+// FI_REMOTE_READ counters (c[1][2..3]) count them, nothing else moved, no errors; the write
+// counter bound to side 1's MR counts the writes, the one bound to side 0's none.
+static void check_rma_counts(fid_cntr* const (&c)[2][4], fid_cntr* const (&mr_cntr)[2],
+                             std::uint64_t w, std::uint64_t r) {
+  const std::uint64_t want[2][4] = {{w, r, 0, 0}, {0, 0, w, r}};
+  for (int s = 0; s < 2; ++s)
+    for (int k = 0; k < 4; ++k) {
+      CAPTURE(s);
+      CAPTURE(k);
+      CHECK(fi_cntr_read(c[s][k]) == want[s][k]);
+      CHECK(fi_cntr_readerr(c[s][k]) == 0);
+    }
+  CHECK(fi_cntr_read(mr_cntr[0]) == 0);
+  CHECK(fi_cntr_read(mr_cntr[1]) == w);
+  CHECK(fi_cntr_readerr(mr_cntr[1]) == 0);
+}
+
 TEST_CASE("FI_RMA_EVENT over tcp: remote reads and MR-bound counters counted exactly once") {
   constexpr const char* prov = "tcp;ofi_rxm;ofi_compcntr";
   options o;
@@ -481,16 +534,7 @@ TEST_CASE("FI_RMA_EVENT over tcp: remote reads and MR-bound counters counted exa
   fid_cntr* mr_cntr[2] = {};
   int mr_read_bind = 0;
   auto p = pair::open(prov, o, why, [&](pair& p) {
-    const std::uint64_t ev[4] = {FI_WRITE, FI_READ, FI_REMOTE_WRITE, FI_REMOTE_READ};
-    side* sides[2] = {&p.a, &p.b};
-    for (int s = 0; s < 2; ++s) {
-      for (int k = 0; k < 4; ++k) {
-        if (int r = p.open_cntr(&c[s][k], FI_WAIT_UNSPEC)) return r;
-        if (int r = fi_ep_bind(sides[s]->ep, &c[s][k]->fid, ev[k])) return r;
-      }
-      if (int r = p.open_cntr(&mr_cntr[s], FI_WAIT_UNSPEC)) return r;
-      if (int r = fi_mr_bind(sides[s]->mr, &mr_cntr[s]->fid, FI_REMOTE_WRITE)) return r;
-    }
+    if (int r = open_rma_counters(p, c, mr_cntr)) return r;
     // FI_REMOTE_READ on a memory region: not counted by the emulation, refused as rxm refuses
     mr_read_bind = fi_mr_bind(p.b.mr, &mr_cntr[1]->fid, FI_REMOTE_READ);
     return 0;
@@ -521,17 +565,9 @@ TEST_CASE("FI_RMA_EVENT over tcp: remote reads and MR-bound counters counted exa
     }) == 0);
   }
   // a's CQ: exactly one entry per operation, each with the application's context; b's: none
-  std::set<void*> seen;
-  std::size_t b_entries = 0, duplicates = 0, bad_reads = 0;
-  auto drain = [&] {
-    fi_cq_data_entry e[8];
-    ssize_t n = fi_cq_read(p->a.cq, e, 8);
-    for (ssize_t i = 0; i < n; ++i) duplicates += !seen.insert(e[i].op_context).second;
-    bad_reads += !(n > 0 || n == -FI_EAGAIN);
-    n = fi_cq_read(p->b.cq, e, 8);
-    if (n > 0) b_entries += static_cast<std::size_t>(n);
-    bad_reads += !(n > 0 || n == -FI_EAGAIN);
-  };
+  cq_tally tally;
+  auto& [seen, b_entries, duplicates, bad_reads] = tally;
+  auto drain = [&] { tally.drain(*p); };
   const auto done = [&] {
     return fi_cntr_read(c[0][0]) == nwrite && fi_cntr_read(c[0][1]) == nread &&
            fi_cntr_read(c[1][2]) == nwrite && fi_cntr_read(c[1][3]) == nread &&
@@ -545,17 +581,7 @@ TEST_CASE("FI_RMA_EVENT over tcp: remote reads and MR-bound counters counted exa
   CHECK(duplicates == 0);
   CHECK(bad_reads == 0);
   CHECK(b_entries == 0);
-  const std::uint64_t want[2][4] = {{nwrite, nread, 0, 0}, {0, 0, nwrite, nread}};
-  for (int s = 0; s < 2; ++s)
-    for (int k = 0; k < 4; ++k) {
-      CAPTURE(s);
-      CAPTURE(k);
-      CHECK(fi_cntr_read(c[s][k]) == want[s][k]);
-      CHECK(fi_cntr_readerr(c[s][k]) == 0);
-    }
-  CHECK(fi_cntr_read(mr_cntr[0]) == 0);
-  CHECK(fi_cntr_read(mr_cntr[1]) == nwrite);
-  CHECK(fi_cntr_readerr(mr_cntr[1]) == 0);
+  check_rma_counts(c, mr_cntr, nwrite, nread);
   for (int i = 0; i < nwrite; ++i)
     for (int j = 0; j < 16; ++j) CHECK(p->b.buf[16 * i + j] == 'a' + i);
   CHECK(std::memcmp(p->a.buf + 1024, p->b.buf + 256, 64) == 0);
@@ -646,16 +672,7 @@ TEST_CASE("FI_RMA_EVENT over tcp: RMA through an fi_ep_alias endpoint counted ex
   fid_cntr* c[2][4] = {};
   fid_cntr *mr_cntr[2] = {}, *trig = nullptr;
   auto p = pair::open(prov, o, why, [&](pair& p) {
-    const std::uint64_t ev[4] = {FI_WRITE, FI_READ, FI_REMOTE_WRITE, FI_REMOTE_READ};
-    side* sides[2] = {&p.a, &p.b};
-    for (int s = 0; s < 2; ++s) {
-      for (int k = 0; k < 4; ++k) {
-        if (int r = p.open_cntr(&c[s][k], FI_WAIT_UNSPEC)) return r;
-        if (int r = fi_ep_bind(sides[s]->ep, &c[s][k]->fid, ev[k])) return r;
-      }
-      if (int r = p.open_cntr(&mr_cntr[s], FI_WAIT_UNSPEC)) return r;
-      if (int r = fi_mr_bind(sides[s]->mr, &mr_cntr[s]->fid, FI_REMOTE_WRITE)) return r;
-    }
+    if (int r = open_rma_counters(p, c, mr_cntr)) return r;
     return p.open_cntr(&trig, FI_WAIT_UNSPEC);
   });
   REQUIRE_MESSAGE(p != nullptr, prov << ": " << why);
@@ -664,17 +681,9 @@ TEST_CASE("FI_RMA_EVENT over tcp: RMA through an fi_ep_alias endpoint counted ex
 
   // Both sides' counters and a's CQ entries (b must have none) until `want` or 10 s, then more
   // rounds than any notification needs: nothing else may arrive.
-  std::set<void*> seen;
-  std::size_t b_entries = 0, duplicates = 0, bad_reads = 0;
-  auto drain = [&] {
-    fi_cq_data_entry e[8];
-    ssize_t n = fi_cq_read(p->a.cq, e, 8);
-    for (ssize_t i = 0; i < n; ++i) duplicates += !seen.insert(e[i].op_context).second;
-    bad_reads += !(n > 0 || n == -FI_EAGAIN);
-    n = fi_cq_read(p->b.cq, e, 8);
-    if (n > 0) b_entries += static_cast<std::size_t>(n);
-    bad_reads += !(n > 0 || n == -FI_EAGAIN);
-  };
+  cq_tally tally;
+  auto& [seen, b_entries, duplicates, bad_reads] = tally;
+  auto drain = [&] { tally.drain(*p); };
   auto settle = [&](std::uint64_t w, std::uint64_t r, std::size_t entries) {
     const auto t0 = std::chrono::steady_clock::now();
     while (!(fi_cntr_read(c[0][0]) == w && fi_cntr_read(c[0][1]) == r &&
@@ -683,17 +692,7 @@ TEST_CASE("FI_RMA_EVENT over tcp: RMA through an fi_ep_alias endpoint counted ex
            ms_since(t0) < 10000)
       drain();
     for (int i = 0; i < 2000; ++i) drain();
-    const std::uint64_t want[2][4] = {{w, r, 0, 0}, {0, 0, w, r}};
-    for (int s = 0; s < 2; ++s)
-      for (int k = 0; k < 4; ++k) {
-        CAPTURE(s);
-        CAPTURE(k);
-        CHECK(fi_cntr_read(c[s][k]) == want[s][k]);
-        CHECK(fi_cntr_readerr(c[s][k]) == 0);
-      }
-    CHECK(fi_cntr_read(mr_cntr[0]) == 0);
-    CHECK(fi_cntr_read(mr_cntr[1]) == w);
-    CHECK(fi_cntr_readerr(mr_cntr[1]) == 0);
+    check_rma_counts(c, mr_cntr, w, r);
     CHECK(seen.size() == entries);
     CHECK(duplicates == 0);
     CHECK(bad_reads == 0);
