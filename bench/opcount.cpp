@@ -86,8 +86,8 @@ __attribute__((noinline)) void opcount_shared_add(compcntr::counter& c, std::uin
 __attribute__((noinline)) void opcount_shared_wait_satisfied(const compcntr::counter& c,
                                                              std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i)
-    bench::keep(static_cast<std::uint64_t>(compcntr::wait(
-        c, 1, std::chrono::milliseconds(2000), {.spin = compcntr::spin_forever})));
+    bench::keep(static_cast<std::uint64_t>(
+        compcntr::wait(c, 1, std::chrono::milliseconds(2000), {.spin = compcntr::spin_forever})));
 }
 __attribute__((noinline)) void opcount_create_destroy_one(compcntr::device& dev, std::uint64_t n) {
   std::error_code ec;
@@ -267,8 +267,7 @@ int main(int argc, char** argv) {
     const std::string name = "opcount-" + std::to_string(::getpid());
     auto sdev = compcntr::device::open_shared(name, compcntr::shared_create, 0600, ec);
     auto sc = sdev ? sdev.create_counter(compcntr::counter_type::wrs, ec) : compcntr::counter{};
-    if (ec)
-      return std::fprintf(stderr, "shared: %s\n", compcntr::last_error_message().data()), 1;
+    if (ec) return std::fprintf(stderr, "shared: %s\n", compcntr::last_error_message().data()), 1;
     if (op == "shared_add") {
       opcount_shared_add(sc, n);
     } else if (op == "shared_wait_satisfied") {

@@ -132,8 +132,8 @@ void run(bench::context& ctx) {
   ctx.add(bench::compare("P16", "triggered counter add vs waiter doing the add", r[0], r[1],
                          bench::goal::ratio_at_most, 1.0,
                          r[0].available ? pp::describe("triggered", *tallies[0]) : ""));
-  ctx.add(bench::compare("P16", "triggered counter add vs the crossing thread adding itself",
-                         r[0], r[2]));
+  ctx.add(bench::compare("P16", "triggered counter add vs the crossing thread adding itself", r[0],
+                         r[2]));
 }
 
 } // namespace

@@ -161,11 +161,12 @@ double sample(const bench::context& ctx, shared_state& st, kind k, std::uint64_t
 
 void run(bench::context& ctx) {
   std::vector<bench::variant> vs;
-  const char* names[] = {
-      "shared counters, compcntr::wait spin_forever", "raw process-shared atomics, spin",
-      "shared counters, compcntr::wait .spin = 0ns", "raw shared FUTEX_WAIT/FUTEX_WAKE",
-      "shared counters, compcntr::wait default options (spin 5 us, then sleep)",
-      "shared counters, add() + a value() spin loop"};
+  const char* names[] = {"shared counters, compcntr::wait spin_forever",
+                         "raw process-shared atomics, spin",
+                         "shared counters, compcntr::wait .spin = 0ns",
+                         "raw shared FUTEX_WAIT/FUTEX_WAKE",
+                         "shared counters, compcntr::wait default options (spin 5 us, then sleep)",
+                         "shared counters, add() + a value() spin loop"};
   shared_state st;
   st.name = "p18-" + std::to_string(::getpid());
   std::error_code ec;

@@ -288,8 +288,10 @@ TEST_CASE("striped: a 2-stripe counter's spinning waiter sees adds and errors on
     while (!started.load()) std::this_thread::yield();
     std::thread adder([&] {
       pin(round);
-      if (round % 2 == 0) c.add(1);
-      else c.add(2);
+      if (round % 2 == 0)
+        c.add(1);
+      else
+        c.add(2);
     });
     adder.join();
     w.join();

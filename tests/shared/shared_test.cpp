@@ -838,7 +838,8 @@ TEST_CASE("shared counters: a creator's death ends a forever-wait with EIO; valu
 // A spin-only waiter (never sleeps, so it never sweeps) polls in blocks over the counter's two
 // halves and looks at the cell's "creator died" state once per block: when another wait's sweep
 // marks the creator dead, the spinner ends with EIO too (without that look it would spin for ever).
-TEST_CASE("shared counters: a spin-only forever-wait ends with EIO once the creator is found dead") {
+TEST_CASE(
+    "shared counters: a spin-only forever-wait ends with EIO once the creator is found dead") {
   seg_name n("spindeath");
   compcntr_device* d = open_or_fail(n);
   const auto [pid, r, id] = spawn_paused_creator(n, d, 3);
@@ -854,7 +855,7 @@ TEST_CASE("shared counters: a spin-only forever-wait ends with EIO once the crea
   while (!started.load()) std::this_thread::yield();
   REQUIRE(::kill(pid, SIGKILL) == 0);
   CHECK(reap(pid) == 1000 + SIGKILL);
-  CHECK(compcntr_wait_comp_cntr(r, 4, -1) == EIO);  // sleeps, sweeps, finds the creator dead
+  CHECK(compcntr_wait_comp_cntr(r, 4, -1) == EIO); // sleeps, sweeps, finds the creator dead
   spinner.join();
   CHECK(spun == EIO);
   CHECK(value(r) == 3);
@@ -871,8 +872,8 @@ TEST_CASE("shared counters: a spin-only forever-wait ends with EIO once the crea
 TEST_CASE("shared counters: a child SIGKILLed at random points, 200 runs, invariants after each") {
   seg_name n("kill");
   compcntr_device* d = open_or_fail(n);
-  compcntr_comp_cntr* mine = create(d);    // only the parent updates it
-  compcntr_comp_cntr* target = create(d);  // the children increment it
+  compcntr_comp_cntr* mine = create(d); // only the parent updates it
+  compcntr_comp_cntr* target = create(d); // the children increment it
   const compcntr_counter_id tid = id_of(target);
   seg_view view(n);
   REQUIRE(view);
@@ -884,7 +885,7 @@ TEST_CASE("shared counters: a child SIGKILLed at random points, 200 runs, invari
     channel ready;
     const unsigned spins = rng() % 200'000;
     const pid_t pid = spawn([&] {
-      ready.send('r');  // started: the parent kills after a random spin from here
+      ready.send('r'); // started: the parent kills after a random spin from here
       compcntr_device* cd = compcntr_open_device(n.dev().c_str());
       if (!cd) ::_exit(0);
       compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(cd, &tid);
@@ -899,7 +900,7 @@ TEST_CASE("shared counters: a child SIGKILLed at random points, 200 runs, invari
         if (r && i % 16 == 0) compcntr_wait_comp_cntr(r, ~0ull, 0);
         if (r && i % 4096 == 512)
           compcntr_wait_comp_cntr_ex(r, ~0ull, 1, &sleep_now); // 1 ms asleep
-        if (c && i % 2 == 0) compcntr_destroy_comp_cntr(c);  // half are left alive
+        if (c && i % 2 == 0) compcntr_destroy_comp_cntr(c); // half are left alive
       }
     });
     char x = 0;
@@ -969,8 +970,9 @@ TEST_CASE("shared devices: random bytes over the header, cells and records never
       for (int k = 0; k < n_bytes; ++k) {
         std::size_t off = region == 0   ? rng() % header_end
                           : region == 1 ? shm::cells_offset() + rng() % (2 * sizeof(shm::cell))
-                          : region == 2 ? recs + rng() % (4 * sizeof(shm::record))
-                                        : shm::cells_offset() + rng() % (total - shm::cells_offset());
+                          : region == 2
+                              ? recs + rng() % (4 * sizeof(shm::record))
+                              : shm::cells_offset() + rng() % (total - shm::cells_offset());
         if (region == 0 && off < 8 && run % 6 != 0) off = 8 + rng() % (header_end - 8);
         bytes[off] = static_cast<unsigned char>(rng());
       }
@@ -1020,7 +1022,7 @@ TEST_CASE("shared devices: random bytes over the header, cells and records never
     CHECK(compcntr_destroy_comp_cntr(a) == 0);
     CHECK(compcntr_destroy_comp_cntr(b) == 0);
     CHECK(compcntr_close_device(d) == 0);
-    ::shm_unlink(n.path.c_str());  // a scribbled state word may have kept it from retiring
+    ::shm_unlink(n.path.c_str()); // a scribbled state word may have kept it from retiring
   }
 }
 
@@ -1046,8 +1048,8 @@ TEST_CASE("counter ids on a private device: id, resolve, release") {
   CHECK(value(r) == 4);
   REQUIRE(compcntr_inc_comp_cntr(r, 1) == 0);
   CHECK(value(c) == 5);
-  CHECK(compcntr_destroy_comp_cntr(c) == EBUSY);  // held by the reference
-  CHECK(compcntr_destroy_comp_cntr(r) == EBUSY);  // a reference is released, not destroyed
+  CHECK(compcntr_destroy_comp_cntr(c) == EBUSY); // held by the reference
+  CHECK(compcntr_destroy_comp_cntr(r) == EBUSY); // a reference is released, not destroyed
   CHECK(contains(compcntr_last_error_message(), "compcntr_comp_cntr_release"));
   CHECK(compcntr_comp_cntr_set_owner(r, nullptr) == EINVAL);
   CHECK(compcntr_comp_cntr_release(c) == EINVAL);
@@ -1089,20 +1091,20 @@ TEST_CASE("shared counters: credits, completion tracker and poll work across pro
     CHILD_CHECK(c && k && pb);
     char x = 0;
     CHILD_CHECK(go.recv(x));
-    CHILD_CHECK(compcntr_inc_comp_cntr(c, 2) == 0);  // two credits back
-    CHILD_CHECK(compcntr_inc_comp_cntr(k, 3) == 0);  // three completions
-    CHILD_CHECK(compcntr_inc_comp_cntr(pb, 1) == 0);  // wakes the poll
+    CHILD_CHECK(compcntr_inc_comp_cntr(c, 2) == 0); // two credits back
+    CHILD_CHECK(compcntr_inc_comp_cntr(k, 3) == 0); // three completions
+    CHILD_CHECK(compcntr_inc_comp_cntr(pb, 1) == 0); // wakes the poll
     CHILD_CHECK(compcntr_comp_cntr_release(c) == 0);
     CHILD_CHECK(compcntr_comp_cntr_release(k) == 0);
     CHILD_CHECK(compcntr_comp_cntr_release(pb) == 0);
     CHILD_CHECK(compcntr_close_device(cd) == 0);
   });
-  REQUIRE(compcntr_credits_acquire(cr, 0, 2, 0) == 0);          // the window
-  CHECK(compcntr_credits_acquire(cr, 0, 1, 0) == ETIMEDOUT);    // empty until the peer returns
+  REQUIRE(compcntr_credits_acquire(cr, 0, 2, 0) == 0); // the window
+  CHECK(compcntr_credits_acquire(cr, 0, 1, 0) == ETIMEDOUT); // empty until the peer returns
   REQUIRE(compcntr_tracker_issue(t, 3) == 0);
   CHECK(compcntr_tracker_quiet(t, 0) == ETIMEDOUT);
   go.send('g');
-  CHECK(compcntr_credits_acquire(cr, 0, 2, -1) == 0);  // returned by the other process
+  CHECK(compcntr_credits_acquire(cr, 0, 2, -1) == 0); // returned by the other process
   CHECK(compcntr_tracker_quiet(t, -1) == 0);
   compcntr_comp_cntr* const ccs[2] = {a, b};
   const std::uint64_t thresholds[2] = {1, 1};
@@ -1129,10 +1131,10 @@ TEST_CASE("shared devices: the name removed once every process opened it (docs/s
     compcntr_device* cd = child_open(n);
     opened.send('o');
     char x = 0;
-    CHILD_CHECK(go.recv(x));  // the name is gone now
+    CHILD_CHECK(go.recv(x)); // the name is gone now
     compcntr_comp_cntr* r = compcntr_comp_cntr_resolve(cd, &id);
     CHILD_CHECK(r != nullptr);
-    CHILD_CHECK(compcntr_inc_comp_cntr(r, 5) == 0);  // wakes the parent's wait
+    CHILD_CHECK(compcntr_inc_comp_cntr(r, 5) == 0); // wakes the parent's wait
     CHILD_CHECK(compcntr_wait_comp_cntr(r, 6, 10000) == 0);
     CHILD_CHECK(compcntr_comp_cntr_release(r) == 0);
     CHILD_CHECK(compcntr_close_device(cd) == 0);
@@ -1142,24 +1144,24 @@ TEST_CASE("shared devices: the name removed once every process opened it (docs/s
   REQUIRE(::shm_unlink(n.path.c_str()) == 0);
   struct stat st{};
   CHECK(::stat(("/dev/shm" + n.path).c_str(), &st) != 0);
-  errno = 0;  // no longer opened by name
+  errno = 0; // no longer opened by name
   CHECK(compcntr_open_shared_device(n.name.c_str(), 0, 0) == nullptr);
   CHECK(errno == ENOENT);
-  compcntr_device* fresh = open_or_fail(n);  // a new segment of the same name
-  CHECK(compcntr_comp_cntr_resolve(fresh, &id) == nullptr);  // not the old one's counters
+  compcntr_device* fresh = open_or_fail(n); // a new segment of the same name
+  CHECK(compcntr_comp_cntr_resolve(fresh, &id) == nullptr); // not the old one's counters
   go.send('g');
   CHECK(compcntr_wait_comp_cntr(c, 5, 10000) == 0);
   CHECK(compcntr_inc_comp_cntr(c, 1) == 0);
   CHECK(reap(pid) == 0);
   CHECK(value(c) == 6);
   CHECK(compcntr_destroy_comp_cntr(c) == 0);
-  CHECK(compcntr_close_device(d) == 0);  // the last of the unlinked one: the new name stays
+  CHECK(compcntr_close_device(d) == 0); // the last of the unlinked one: the new name stays
   CHECK(::stat(("/dev/shm" + n.path).c_str(), &st) == 0);
   compcntr_device* again = compcntr_open_shared_device(n.name.c_str(), 0, 0);
   INFO(compcntr_last_error_message());
   CHECK(again != nullptr);
   if (again) CHECK(compcntr_close_device(again) == 0);
-  CHECK(compcntr_close_device(fresh) == 0);  // its last process: removed
+  CHECK(compcntr_close_device(fresh) == 0); // its last process: removed
   CHECK(::stat(("/dev/shm" + n.path).c_str(), &st) != 0);
 }
 
@@ -1220,23 +1222,23 @@ TEST_CASE("shared fds: a threshold-armed fd is readable exactly when another pro
       CHILD_CHECK(compcntr_close_device(cd) == 0);
     });
     REQUIRE(compcntr_comp_cntr_arm_fd_threshold(c, 10) == 0);
-    CHECK(eventually([] { return watcher_threads() == 1; }, 200000));  // the device's fd watcher
+    CHECK(eventually([] { return watcher_threads() == 1; }, 200000)); // the device's fd watcher
     // The watcher sleeps on the segment as a waiter: one sleeper.
     REQUIRE(eventually([&] { return view.hdr().sleepers.load() == 1; }));
     char a = 0;
-    for (std::uint64_t k = 1; k <= 3; ++k) {  // 3, 6, 9: below the threshold, not readable
+    for (std::uint64_t k = 1; k <= 3; ++k) { // 3, 6, 9: below the threshold, not readable
       step.send('g');
       REQUIRE(ack.recv(a));
       CHECK(value(c) == 3 * k);
       CHECK(readable(fd, 50) == 0);
     }
-    step.send('g');  // 12 >= 10
+    step.send('g'); // 12 >= 10
     REQUIRE(ack.recv(a));
     CHECK(readable(fd, 10000) == 1);
     CHECK(value(c) == 12);
     std::uint64_t ticks = 0;
     CHECK(::read(fd, &ticks, sizeof ticks) == 8);
-    CHECK(ticks == 1);  // one-shot: one signal
+    CHECK(ticks == 1); // one-shot: one signal
     // Disarmed: nothing armed, the watcher parks and stops being a sleeper (updates pay nothing).
     CHECK(eventually([&] { return view.hdr().sleepers.load() == 0; }));
     CHECK(reap(pid) == 0);

@@ -78,9 +78,8 @@ struct two_stripes {
 };
 
 template <bool Plain, class Words>
-[[gnu::always_inline]] inline outcome hot_block(Words w, std::uint64_t base,
-                                                std::uint64_t mask, std::uint64_t goal,
-                                                std::uint64_t err0) noexcept {
+[[gnu::always_inline]] inline outcome hot_block(Words w, std::uint64_t base, std::uint64_t mask,
+                                                std::uint64_t goal, std::uint64_t err0) noexcept {
   return hot_block_of<Plain>(w, base, mask, goal, err0, std::make_index_sequence<clock_stride>{});
 }
 
@@ -136,8 +135,7 @@ std::errc wait_two_stripes(slot& s, std::uint64_t need, std::int64_t timeout_ms,
   if (o.spin > nanoseconds::zero() && timeout_ms != 0 && o.drive == nullptr &&
       s.dev->progress_sources().empty()) [[likely]] {
     if (w.value() >= need) return std::errc{};
-    if (const outcome r = hot_block<true>(w, 0, ~std::uint64_t{0}, need, err0); r.done)
-      return r.ec;
+    if (const outcome r = hot_block<true>(w, 0, ~std::uint64_t{0}, need, err0); r.done) return r.ec;
   }
   return wait_slot(s, {.need = need, .errors_seen = err0, .sample_errors = false}, timeout_ms, o);
 }
