@@ -78,6 +78,11 @@ struct spec {
   int max_retries = 20;           ///< re-runs of a delayed sample (0 in --smoke)
   double budget_factor = 4;       ///< a sample stops after this x its planned length
   std::uint64_t smoke_rounds = 64;  ///< --smoke: fixed rounds per sample
+  /// The timed event is a fraction of a round: a round carries this many of them (P16's
+  /// symmetric triggered ping-pong: two add-to-visible latencies per round), and the variant
+  /// reports ns per event in `unit`.
+  double events_per_round = 1;
+  std::string unit = "ns/round trip";
 };
 
 /// What happened over all samples of one variant (calibration included).
