@@ -33,11 +33,27 @@ trigger_list* ensure_list(slot& s) noexcept {
   return l;
 }
 
+// arm_trigger with the node's counter operation (op_call for a caller's action): set before the
+// node is published, since it may fire before arming returns.
+trigger_node* arm_node(slot& s, std::uint64_t threshold, trigger_action fn, void* ctx,
+                       void (*dispose)(void*), std::uint32_t mode, slot* target,
+                       std::uint32_t counter_op, std::uint64_t operand,
+                       std::error_code& ec) noexcept;
+
 } // namespace
 
 trigger_node* arm_trigger(slot& s, std::uint64_t threshold, trigger_action fn, void* ctx,
                           void (*dispose)(void*), std::uint32_t mode, slot* target,
                           std::error_code& ec) noexcept {
+  return arm_node(s, threshold, fn, ctx, dispose, mode, target, op_call, 0, ec);
+}
+
+namespace {
+
+trigger_node* arm_node(slot& s, std::uint64_t threshold, trigger_action fn, void* ctx,
+                       void (*dispose)(void*), std::uint32_t mode, slot* target,
+                       std::uint32_t counter_op, std::uint64_t operand,
+                       std::error_code& ec) noexcept {
   auto refuse = [&](int err, const char* why) -> trigger_node* {
     if (target != nullptr) unref_counter_slot(*target);
     fail_into(ec, err, "trigger_arm: %s", why);
@@ -69,6 +85,8 @@ trigger_node* arm_trigger(slot& s, std::uint64_t threshold, trigger_action fn, v
   n->ctx = ctx;
   n->dispose = dispose;
   n->target = target;
+  n->operand = operand;
+  n->counter_op = counter_op;
   n->list = l;
   n->queue = q;
   l->refs.fetch_add(1, std::memory_order_relaxed);
@@ -97,6 +115,8 @@ trigger_node* arm_trigger(slot& s, std::uint64_t threshold, trigger_action fn, v
   return n;
 }
 
+} // namespace
+
 trigger_node* arm_counter_trigger(slot& s, std::uint64_t threshold, slot& target,
                                   std::uint64_t operand, bool set, std::error_code& ec) noexcept {
   if (!take_counter_ref(target)) {
@@ -104,29 +124,12 @@ trigger_node* arm_counter_trigger(slot& s, std::uint64_t threshold, slot& target
               set ? "set" : "add", target.index);
     return nullptr;
   }
-  // The action's context: the target and the operand, allocated before arming (the trigger
-  // may fire inside arm_trigger, so its context must be complete first); freed at destroy.
-  struct holder {
-    slot* target;
-    std::uint64_t operand;
-  };
-  auto* h = new (std::nothrow) holder{&target, operand};
-  if (h == nullptr) {
-    unref_counter_slot(target);
-    fail_into(ec, ENOMEM, "trigger_arm_%s: out of memory", set ? "set" : "add");
-    return nullptr;
-  }
-  auto run_add = [](void* p, int status) {
-    if (status == 0) static_cast<holder*>(p)->target->add(static_cast<holder*>(p)->operand);
-  };
-  auto run_set = [](void* p, int status) {
-    if (status == 0) static_cast<holder*>(p)->target->set(static_cast<holder*>(p)->operand);
-  };
-  auto dispose = [](void* p) { delete static_cast<holder*>(p); };
-  trigger_node* n =
-      arm_trigger(s, threshold, set ? +run_set : +run_add, h, dispose, trigger_inline, &target, ec);
-  if (n == nullptr) delete h; // arm_trigger dropped the target reference
-  return n;
+  // The node itself holds the target (a reference it owns) and the operand; the firing code
+  // applies them (trigger.cpp, run_action_in). `fn` is never called for such a node but must
+  // not be null: a cancellation calls it with ECANCELED, as for every node.
+  auto nothing = [](void*, int) {};
+  return arm_node(s, threshold, +nothing, nullptr, nullptr, trigger_inline, &target,
+                  set ? op_set : op_add, operand, ec);
 }
 
 int trigger_node_state(const trigger_node& n) noexcept {

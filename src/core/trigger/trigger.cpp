@@ -61,6 +61,19 @@ inline void run_action_in(thread_state& t, trigger_list& l, trigger_node& n, int
   t.running_node = saved_node;
 }
 
+// A due inline node's effect: arm_add / arm_set applied here, without the action call or the
+// running-action record (the update runs no caller code: a trigger it makes due on `target` is
+// trampolined, fire_slot_triggers); a caller's action through run_action_in.
+[[gnu::always_inline]] inline void fire_node(thread_state& t, trigger_list& l,
+                                             trigger_node& n) noexcept {
+  if (n.counter_op == op_add) [[likely]]
+    n.target->add(n.operand);
+  else if (n.counter_op == op_set)
+    n.target->set(n.operand);
+  else
+    run_action_in(t, l, n, 0);
+}
+
 } // namespace
 
 void run_action(trigger_list& l, trigger_node& n, int status) noexcept {
@@ -129,7 +142,7 @@ void fire_list(thread_state& t, trigger_list& l) noexcept {
       for (trigger_node* n = batch; n != nullptr;) {
         trigger_node* const next = n->next;
         n->next = nullptr;
-        run_action_in(t, l, *n, 0);
+        fire_node(t, l, *n);
         if (next == nullptr) {
           last = n;
           break;

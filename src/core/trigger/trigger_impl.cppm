@@ -75,15 +75,21 @@ struct trigger_list {
   slot* s = nullptr; ///< valid while !dead (checked under mu)
 };
 
+/// trigger_node::counter_op: what an arm_add / arm_set node does to `target` when it fires
+/// (applied by the firing code itself: no action call, no context block); op_call: call `fn`.
+inline constexpr std::uint32_t op_call = 0, op_add = 1, op_set = 2;
+
 struct trigger_node {
   std::atomic<std::uint32_t> st{st_armed};
   std::uint32_t mode = trigger_inline;
   std::uint64_t threshold = 0;
   std::uint64_t seq = 0;
-  trigger_action fn = nullptr;
+  trigger_action fn = nullptr; ///< op_call: the action; op_add / op_set: a no-op (never due)
   void* ctx = nullptr;
   void (*dispose)(void*) = nullptr;
   slot* target = nullptr; ///< a counter reference the node owns (arm_add/arm_set), or null
+  std::uint64_t operand = 0; ///< op_add / op_set: the amount added or the value set
+  std::uint32_t counter_op = op_call;
   trigger_list* list = nullptr;
   trigger_queue* queue = nullptr; ///< deferred nodes: their device's queue
   trigger_node* prev = nullptr; ///< in list (armed) or queue (queued)
