@@ -72,7 +72,69 @@ struct counters {
   }
 };
 
-enum class shape { symmetric_triggered, waiter_adds, rt_triggered, rt_waiter, rt_by_hand };
+using member = compcntr::counter counters::*;
+
+// One variant: A adds 1 to a_add (one or two counters, in order) and waits on a_wait; B waits on
+// b_wait and adds 1 to b_add. `arm`: 0 none, 1 the round-trip triggers (c -> target), 2 the
+// symmetric ones (cA -> tB, cB -> tA).
+struct shape {
+  const char* name;
+  member a_add[2];
+  member a_wait;
+  member b_wait;
+  member b_add[2];
+  int arm;
+  double events_per_round;
+  const char* unit;
+};
+
+const shape shapes[] = {
+    {"triggered add (inline trigger on cA adds to tB, visible in B; and back)",
+     {&counters::ca, nullptr},
+     &counters::ta,
+     &counters::tb,
+     {&counters::cb, nullptr},
+     2,
+     2,
+     "ns/add-to-visible"},
+    {"waiter adds (B waits on c, adds to target; visible in A)",
+     {&counters::c, nullptr},
+     &counters::target,
+     &counters::c,
+     {&counters::target, nullptr},
+     0,
+     1,
+     "ns/add-to-visible"},
+    {"round trip: triggered add, B answers on back",
+     {&counters::c, nullptr},
+     &counters::back,
+     &counters::target,
+     {&counters::back, nullptr},
+     1,
+     1,
+     "ns/round trip"},
+    {"round trip: B waits on c, adds to target, answers",
+     {&counters::c, nullptr},
+     &counters::back,
+     &counters::c,
+     {&counters::target, &counters::back},
+     0,
+     1,
+     "ns/round trip"},
+    {"round trip: A adds to c and to target itself",
+     {&counters::c, &counters::target},
+     &counters::back,
+     &counters::target,
+     {&counters::back, nullptr},
+     0,
+     1,
+     "ns/round trip"},
+};
+
+void add_each(counters& k, const member (&m)[2]) {
+  (k.*m[0]).add(1);
+  if (m[1] != nullptr) (k.*m[1]).add(1);
+}
 
 void run(bench::context& ctx) {
   namespace pp = bench::pingpong;
@@ -83,102 +145,38 @@ void run(bench::context& ctx) {
     if (!ec) *x = dev.create_counter(compcntr::counter_type::wrs, ec);
   std::vector<std::shared_ptr<pp::tally>> tallies;
   std::vector<bench::variant> vs;
-  auto cap = [](pp::control& ctl) {  // before round 1: the responder reads it after that update
-    if (ctl.limit.load() > pre_armed) ctl.limit.store(pre_armed);
-  };
-  for (shape sh : {shape::symmetric_triggered, shape::waiter_adds, shape::rt_triggered,
-                   shape::rt_waiter, shape::rt_by_hand}) {
+  for (const shape& sh : shapes) {
     tallies.push_back(std::make_shared<pp::tally>());
-    std::string name;
-    switch (sh) {
-      case shape::symmetric_triggered:
-        name = "triggered add (inline trigger on cA adds to tB, visible in B; and back)";
-        break;
-      case shape::waiter_adds:
-        name = "waiter adds (B waits on c, adds to target; visible in A)";
-        break;
-      case shape::rt_triggered: name = "round trip: triggered add, B answers on back"; break;
-      case shape::rt_waiter: name = "round trip: B waits on c, adds to target, answers"; break;
-      case shape::rt_by_hand: name = "round trip: A adds to c and to target itself"; break;
-    }
     if (ec) {
-      vs.push_back(bench::unavailable_variant(name, std::string(compcntr::last_error_message())));
+      vs.push_back(
+          bench::unavailable_variant(sh.name, std::string(compcntr::last_error_message())));
       continue;
     }
     pp::spec s;
-    s.name = name;
-    switch (sh) {
-      case shape::symmetric_triggered:
-        s.events_per_round = 2;
-        s.unit = "ns/add-to-visible";
-        s.initiator = [k, cap](pp::control& ctl) {
-          cap(ctl);
-          return pp::free_initiator(
-              ctl, [&] { k->ca.add(1); }, [&](std::uint64_t i) { return wait_on(k->ta, i); });
-        };
-        s.responder = [k](pp::control& ctl) {
-          return pp::free_responder(
-              ctl, [&] { k->cb.add(1); }, [&](std::uint64_t i) { return wait_on(k->tb, i); });
-        };
-        break;
-      case shape::waiter_adds:
-        s.unit = "ns/add-to-visible";
-        s.initiator = [k, cap](pp::control& ctl) {
-          cap(ctl);
-          return pp::free_initiator(
-              ctl, [&] { k->c.add(1); }, [&](std::uint64_t i) { return wait_on(k->target, i); });
-        };
-        s.responder = [k](pp::control& ctl) {
-          return pp::free_responder(
-              ctl, [&] { k->target.add(1); }, [&](std::uint64_t i) { return wait_on(k->c, i); });
-        };
-        break;
-      case shape::rt_triggered:
-      case shape::rt_by_hand: {
-        const bool by_hand = sh == shape::rt_by_hand;
-        s.initiator = [k, cap, by_hand](pp::control& ctl) {
-          cap(ctl);
-          return pp::free_initiator(
-              ctl,
-              [&] {
-                k->c.add(1);
-                if (by_hand) k->target.add(1);
-              },
-              [&](std::uint64_t i) { return wait_on(k->back, i); });
-        };
-        s.responder = [k](pp::control& ctl) {
-          return pp::free_responder(
-              ctl, [&] { k->back.add(1); }, [&](std::uint64_t i) { return wait_on(k->target, i); });
-        };
-        break;
-      }
-      case shape::rt_waiter:
-        s.initiator = [k, cap](pp::control& ctl) {
-          cap(ctl);
-          return pp::free_initiator(
-              ctl, [&] { k->c.add(1); }, [&](std::uint64_t i) { return wait_on(k->back, i); });
-        };
-        s.responder = [k](pp::control& ctl) {
-          return pp::free_responder(
-              ctl,
-              [&] {
-                k->target.add(1);
-                k->back.add(1);
-              },
-              [&](std::uint64_t i) { return wait_on(k->c, i); });
-        };
-        break;
-    }
-    s.reset = [k, sh] {
+    s.name = sh.name;
+    s.events_per_round = sh.events_per_round;
+    s.unit = sh.unit;
+    s.initiator = [k, &sh](pp::control& ctl) {
+      // Before round 1: the responder reads the limit after that round's update.
+      if (ctl.limit.load() > pre_armed) ctl.limit.store(pre_armed);
+      return pp::free_initiator(
+          ctl, [&] { add_each(*k, sh.a_add); },
+          [&](std::uint64_t i) { return wait_on((*k).*sh.a_wait, i); });
+    };
+    s.responder = [k, &sh](pp::control& ctl) {
+      return pp::free_responder(
+          ctl, [&] { add_each(*k, sh.b_add); },
+          [&](std::uint64_t i) { return wait_on((*k).*sh.b_wait, i); });
+    };
+    s.reset = [k, &sh] {
       k->armed.clear();
       k->zero();
       std::error_code e;
-      if (sh == shape::symmetric_triggered) {
-        k->armed.reserve(2 * pre_armed);
+      k->armed.reserve(2 * pre_armed);
+      if (sh.arm == 2) {
         k->arm(k->ca, k->tb, e);
         k->arm(k->cb, k->ta, e);
-      } else if (sh == shape::rt_triggered) {
-        k->armed.reserve(pre_armed);
+      } else if (sh.arm == 1) {
         k->arm(k->c, k->target, e);
       }
     };
