@@ -173,7 +173,7 @@ std::vector<result> context::measure(std::vector<variant> vs) const {
   for (int r = 0; r < reps; ++r) {
     for (std::size_t j = 0; j < live.size(); ++j) {  // rotate the order every repetition
       const std::size_t i = live[(j + static_cast<std::size_t>(r)) % live.size()];
-      samples[i].push_back(vs[i].run(n[i]) / static_cast<double>(n[i]));
+      samples[i].push_back(vs[i].run(n[i]) / (static_cast<double>(n[i]) * vs[i].events_per_op));
     }
   }
   for (std::size_t i : live) {

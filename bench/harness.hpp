@@ -122,6 +122,9 @@ struct variant {
   /// Non-zero: this variant's samples last about min(sample_ms, --sample-ms) ms.
   double sample_ms = 0;
   std::string unit = "ns/op";
+  /// Timed events per operation: a sample's value is run(n) / (n x events_per_op) (P16's
+  /// symmetric ping-pong: two add-to-visible latencies per round). Calibration uses run(n).
+  double events_per_op = 1;
   std::map<std::string, std::string> notes;
 };
 

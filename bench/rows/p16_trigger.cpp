@@ -20,7 +20,7 @@
 //     `target` itself, then back += 1;
 //   * the floor of the triggered shape: as the triggered round trip but A adds to `target`
 //     itself (no trigger): the triggered round trip's excess over it is the firing's latency in
-//     A's path (the watch word's test, the list's lock, the node's unlink, the action's call).
+//     A's path (the watch word's test, the list's lock, the node's unlink, the add's application).
 // Every wait is compcntr::wait with spin_forever (the hot poll). Triggers for thresholds
 // 1..pre_armed are armed before each sample (not timed); a sample runs at most pre_armed rounds.
 #include <algorithm>
@@ -150,6 +150,7 @@ void run(bench::context& ctx) {
     if (ec) {
       vs.push_back(
           bench::unavailable_variant(sh.name, std::string(compcntr::last_error_message())));
+      vs.back().unit = sh.unit;
       continue;
     }
     pp::spec s;

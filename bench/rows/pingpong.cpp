@@ -200,6 +200,7 @@ variant make(const context& ctx, spec s, std::shared_ptr<tally> t) {
   variant v;
   v.name = s.name;
   v.unit = s.unit;
+  v.events_per_op = s.events_per_round;
   v.sample_ms = s.sample_ms;
   if (allowed_cpus().size() < 2) {
     v.unavailable = "needs 2 CPUs, this process may use " + std::to_string(allowed_cpus().size());
@@ -241,7 +242,7 @@ variant make(const context& ctx, spec s, std::shared_ptr<tally> t) {
     t->sleeps += static_cast<std::uint64_t>(std::max(0L, best.vcsw));
     t->preempted += static_cast<std::uint64_t>(std::max(0L, best.ivcsw));
     t->delay_frac_sum += best.delay_frac;
-    return best.value / s.events_per_round;
+    return best.value;
   };
   return v;
 }

@@ -80,7 +80,7 @@ struct spec {
   std::uint64_t smoke_rounds = 64;  ///< --smoke: fixed rounds per sample
   /// The timed event is a fraction of a round: a round carries this many of them (P16's
   /// symmetric triggered ping-pong: two add-to-visible latencies per round), and the variant
-  /// reports ns per event in `unit`.
+  /// reports ns per event in `unit` (variant::events_per_op).
   double events_per_round = 1;
   std::string unit = "ns/round trip";
 };
@@ -100,7 +100,7 @@ struct tally {
   std::string failure;           ///< non-empty: a wait failed or got stuck; results are void
 };
 
-/// A harness variant running `s` (unit "ns/round trip"). `t` collects the tally.
+/// A harness variant running `s` (unit `s.unit`, per round by default). `t` collects the tally.
 variant make(const context& ctx, spec s, std::shared_ptr<tally> t);
 
 /// After measure(): marks `r` unavailable if the variant failed, and stores the tally in its

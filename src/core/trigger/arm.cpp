@@ -125,7 +125,7 @@ trigger_node* arm_counter_trigger(slot& s, std::uint64_t threshold, slot& target
     return nullptr;
   }
   // The node itself holds the target (a reference it owns) and the operand; the firing code
-  // applies them (trigger.cpp, run_action_in). `fn` is never called for such a node but must
+  // applies them (trigger.cpp, fire_node). `fn` is never called for such a node but must
   // not be null: a cancellation calls it with ECANCELED, as for every node.
   auto nothing = [](void*, int) {};
   return arm_node(s, threshold, +nothing, nullptr, nullptr, trigger_inline, &target,

@@ -63,7 +63,8 @@ inline void run_action_in(thread_state& t, trigger_list& l, trigger_node& n, int
 
 // A due inline node's effect: arm_add / arm_set applied here, without the action call or the
 // running-action record (the update runs no caller code: a trigger it makes due on `target` is
-// trampolined, fire_slot_triggers); a caller's action through run_action_in.
+// trampolined, fire_slot_triggers; a backend's hw_counter_ops add/set, the one foreign code it
+// can reach, must not destroy counters); a caller's action through run_action_in.
 [[gnu::always_inline]] inline void fire_node(thread_state& t, trigger_list& l,
                                              trigger_node& n) noexcept {
   if (n.counter_op == op_add) [[likely]]
@@ -77,6 +78,10 @@ inline void run_action_in(thread_state& t, trigger_list& l, trigger_node& n, int
 } // namespace
 
 void run_action(trigger_list& l, trigger_node& n, int status) noexcept {
+  if (n.counter_op != op_call) {  // cancellation (ECANCELED: nothing to do); never deferred
+    if (status == 0) n.counter_op == op_add ? n.target->add(n.operand) : n.target->set(n.operand);
+    return;
+  }
   run_action_in(tl, l, n, status);
 }
 

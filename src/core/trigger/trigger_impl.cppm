@@ -13,12 +13,14 @@
 //                 extension block + one per trigger node), so a trigger handle can always lock
 //                 its list, even after its counter is gone.
 //   trigger_node  one armed action. State machine (st):
-//                   armed --due, inline--> running --fn(0) returned--> fired
+//                   armed --due, inline--> running --fn(0) returned (arm_add / arm_set:
+//                                  the op applied)--> fired
 //                   armed --due, deferred--> queued --popped by progress--> running --> fired
 //                   armed|queued --cancel / flush / counter destroyed--> cancelling
 //                                  --fn(ECANCELED) returned--> cancelled
 //                 armed -> * only under the list's lock; queued -> running / cancelling by CAS
-//                 (the progress pop holds the queue's lock). Whoever wins runs fn, exactly once.
+//                 (the progress pop holds the queue's lock). Whoever wins runs fn (or applies
+//                 counter_op), exactly once.
 //   trigger_queue the device's due deferred actions, FIFO, a device_service (created at the first
 //                 deferred arm, so firing never allocates), with an optional service thread.
 //
@@ -84,16 +86,17 @@ struct trigger_node {
   std::uint32_t mode = trigger_inline;
   std::uint64_t threshold = 0;
   std::uint64_t seq = 0;
-  trigger_action fn = nullptr; ///< op_call: the action; op_add / op_set: a no-op (never due)
+  trigger_action fn = nullptr; ///< op_call: the action; op_add / op_set: a no-op, called only
+      ///< with ECANCELED (cancellation runs every node's fn)
   void* ctx = nullptr;
   void (*dispose)(void*) = nullptr;
   slot* target = nullptr; ///< a counter reference the node owns (arm_add/arm_set), or null
   std::uint64_t operand = 0; ///< op_add / op_set: the amount added or the value set
-  std::uint32_t counter_op = op_call;
   trigger_list* list = nullptr;
   trigger_queue* queue = nullptr; ///< deferred nodes: their device's queue
   trigger_node* prev = nullptr; ///< in list (armed) or queue (queued)
   trigger_node* next = nullptr;
+  std::uint32_t counter_op = op_call;
   bool in_queue = false; ///< under the queue's lock
 };
 
