@@ -269,6 +269,32 @@ TEST_CASE("arm_add and arm_set: counter actions, chains with bounded stack depth
   for (auto& t : ts) CHECK(t.state() == trigger_state::fired);
 }
 
+// arm_add / arm_set carry their operation in the trigger (no action call): a cancel, a flush or
+// the counter's destroy must leave the target exactly as it was and say "cancelled".
+TEST_CASE("arm_add and arm_set cancelled, flushed or destroyed with their counter change nothing") {
+  auto dev = test_support::open_soft();
+  auto a = test_support::make_counter(dev);
+  auto b = test_support::make_counter(dev);
+  std::error_code ec;
+  b.set(40);
+  auto add1 = trigger::arm_add(a, 1, b, 5, ec);
+  REQUIRE_FALSE(ec);
+  CHECK(add1.cancel() == std::errc{});
+  CHECK(add1.cancel() == ealready);
+  auto add2 = trigger::arm_add(a, 2, b, 7, ec);
+  auto set2 = trigger::arm_set(a, 2, b, 1000, ec);
+  REQUIRE_FALSE(ec);
+  CHECK(compcntr::flush_triggers(a) == 2);
+  auto set3 = trigger::arm_set(a, 3, b, 2000, ec);
+  REQUIRE_FALSE(ec);
+  a.destroy(ec);
+  REQUIRE_FALSE(ec);
+  for (const trigger* t : {&add1, &add2, &set2, &set3})
+    CHECK(t->state() == trigger_state::cancelled);
+  CHECK(b.value() == 40);
+  CHECK(b.errors() == 0);
+}
+
 TEST_CASE("destroying a counter cancels its triggers; nothing runs after") {
   auto dev = test_support::open_soft();
   auto c = test_support::make_counter(dev);

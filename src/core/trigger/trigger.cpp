@@ -61,16 +61,22 @@ inline void run_action_in(thread_state& t, trigger_list& l, trigger_node& n, int
   t.running_node = saved_node;
 }
 
-// A due inline node's effect: arm_add / arm_set applied here, without the action call or the
-// running-action record (the update runs no caller code: a trigger it makes due on `target` is
-// trampolined, fire_slot_triggers; a backend's hw_counter_ops add/set, the one foreign code it
-// can reach, must not destroy counters); a caller's action through run_action_in.
-[[gnu::always_inline]] inline void fire_node(thread_state& t, trigger_list& l,
-                                             trigger_node& n) noexcept {
+// An arm_add / arm_set node's effect (counter_op != op_call), applied without the action call or
+// the running-action record: the update runs no caller code (a trigger it makes due on `target`
+// is trampolined, fire_slot_triggers; a backend's hw_counter_ops add/set, the one foreign code it
+// can reach, must not destroy counters).
+[[gnu::always_inline]] inline void apply_counter_op(const trigger_node& n) noexcept {
   if (n.counter_op == op_add) [[likely]]
     n.target->add(n.operand);
-  else if (n.counter_op == op_set)
+  else
     n.target->set(n.operand);
+}
+
+// A due inline node: its counter op, or a caller's action through run_action_in.
+[[gnu::always_inline]] inline void fire_node(thread_state& t, trigger_list& l,
+                                             trigger_node& n) noexcept {
+  if (n.counter_op != op_call) [[likely]]
+    apply_counter_op(n);
   else
     run_action_in(t, l, n, 0);
 }
@@ -79,7 +85,7 @@ inline void run_action_in(thread_state& t, trigger_list& l, trigger_node& n, int
 
 void run_action(trigger_list& l, trigger_node& n, int status) noexcept {
   if (n.counter_op != op_call) {  // cancellation (ECANCELED: nothing to do); never deferred
-    if (status == 0) n.counter_op == op_add ? n.target->add(n.operand) : n.target->set(n.operand);
+    if (status == 0) apply_counter_op(n);
     return;
   }
   run_action_in(tl, l, n, status);
